@@ -1,0 +1,25 @@
+"""The policy-gradient core: pure tensor functions behind registries, one axis each.
+
+- ``ADVANTAGE_ESTIMATORS``: grpo, rloo, reinforce_pp, gae, returns
+- ``POLICY_LOSSES``: ppo_clip, gspo, gspo_token, reinforce
+- ``AGGREGATIONS``: token-mean, seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm
+- ``KL_ESTIMATORS``: k1, k2, k3, low_var_kl
+- ``SHAPING_HOOKS``: adv_clip (+ the variants of ``docs/algorithms.md``)
+"""
+
+from mmrl.algos.advantages import ADVANTAGE_ESTIMATORS, AdvantageInputs, discounted_returns
+from mmrl.algos.aggregation import AGGREGATIONS, aggregate
+from mmrl.algos.config import AlgoConfig
+from mmrl.algos.losses import POLICY_LOSSES, clipped_surrogate, truncated_is_weights
+from mmrl.algos.masked import group_mean_std, masked_mean, masked_whiten
+from mmrl.algos.regularizers import KL_ESTIMATORS, entropy_from_logits, explained_variance, kl_penalty, value_loss
+from mmrl.algos.sampling import groups_with_signal, overlong_penalty
+from mmrl.algos.shaping import SHAPING_HOOKS, ShapingContext
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS", "AGGREGATIONS", "KL_ESTIMATORS", "POLICY_LOSSES", "SHAPING_HOOKS",
+    "AdvantageInputs", "AlgoConfig", "ShapingContext", "aggregate", "clipped_surrogate",
+    "discounted_returns", "entropy_from_logits", "explained_variance", "group_mean_std",
+    "groups_with_signal", "kl_penalty", "masked_mean", "masked_whiten", "overlong_penalty",
+    "truncated_is_weights", "value_loss",
+]

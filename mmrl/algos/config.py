@@ -1,0 +1,82 @@
+"""The algorithm recipe: which estimator, objective, aggregation, regularisers and shaping hooks.
+
+One frozen dataclass; every field is documented with the paper its default comes from. The
+registered functions in this package read only the fields they need.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class AlgoConfig:
+    # -- advantage estimator -------------------------------------------------------------------
+    advantage: str = "grpo"
+    """Registered advantage estimator: grpo | rloo | reinforce_pp | gae | returns."""
+    norm_adv_by_std: bool = True
+    """GRPO: divide by the group std (DeepSeekMath). False gives Dr. GRPO (Liu et al. 2025)."""
+    adv_eps: float = 1e-6
+    """Added to the std in GRPO / whitening (EasyR1, verl)."""
+    gamma: float = 1.0
+    """Discount for gae, returns and reinforce_pp."""
+    lam: float = 0.95
+    """GAE λ (Schulman et al. 2016)."""
+    whiten_advantages: bool = True
+    """gae / returns: whiten advantages over the valid tokens of the batch (PPO practice)."""
+    kl_in_reward_coef: float = 0.0
+    """REINFORCE++ (Hu 2025): per-token reward −β·(log π_old − log π_ref) added before returns."""
+
+    # -- per-token policy objective --------------------------------------------------------------
+    policy_loss: str = "ppo_clip"
+    """Registered objective: ppo_clip | gspo | gspo_token | reinforce."""
+    clip_low: float = 0.2
+    """Lower clip ε_low: ratio ≥ 1 − ε_low (PPO; DAPO keeps 0.2; GSPO uses 3e-4)."""
+    clip_high: float = 0.2
+    """Upper clip ε_high: ratio ≤ 1 + ε_high (DAPO clip-higher 0.28; GSPO 4e-4)."""
+    dual_clip_c: float | None = None
+    """Dual-clip constant c > 1 bounding the loss of negative-advantage tokens at −c·A (Ye et al.
+    2020; EasyR1 uses 3, DAPO recipe 10). None disables it."""
+    tis_cap: float | None = None
+    """Truncated importance sampling cap C: weight min(π_old/π_behaviour, C) when the trainer
+    re-computes π_old and the rollout engine's log-probs differ (Yao et al. 2025). None: off."""
+
+    # -- loss aggregation ----------------------------------------------------------------------
+    loss_agg: str = "token-mean"
+    """token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm."""
+    loss_agg_norm_len: int | None = None
+    """Constant length for seq-mean-token-sum-norm (Dr. GRPO: the max completion length). None: the
+    trainer uses ``rollout.max_new_tokens``; the pure function falls back to the padded length T."""
+
+    # -- regularisers ----------------------------------------------------------------------------
+    kl_coef: float = 0.0
+    """β of the KL-to-reference loss term (0 disables the reference model)."""
+    kl_estimator: str = "low_var_kl"
+    """k1 | k2 | k3 | low_var_kl (Schulman's estimators; low_var_kl = clamped k3, verl/EasyR1)."""
+    entropy_coef: float = 0.0
+    """Entropy bonus coefficient (loss −= coef·entropy)."""
+    value_coef: float = 0.5
+    """Weight of the value loss when the policy has a value head (PPO with GAE)."""
+    value_clip: float | None = 0.2
+    """Clip range of the value update around the rollout's values; None disables clipping."""
+    value_huber_delta: float | None = None
+    """Huber δ for the value loss; None uses the squared error."""
+
+    # -- shaping and sampling --------------------------------------------------------------------
+    shaping: tuple[str, ...] = ()
+    """Registered advantage-shaping hooks applied in order after the estimator."""
+    adv_clip: float | None = None
+    """Used by the ``adv_clip`` hook: clamp advantages to [−c, c] (DDPO uses 5)."""
+    dynamic_sampling: bool = False
+    """DAPO: drop groups whose verifiable outcome has zero variance and refill the batch."""
+    max_gen_rounds: int = 3
+    """DAPO: at most this many generation rounds per step to fill the batch."""
+    overlong_max_len: int | None = None
+    """DAPO overlong shaping L_max (tokens); None disables it."""
+    overlong_buffer: int = 0
+    """DAPO overlong shaping buffer L_buf: linear penalty from L_max − L_buf to L_max."""
+    overlong_factor: float = 1.0
+    """Multiplier of the overlong penalty."""
+
+    extra: dict = field(default_factory=dict, hash=False)
+    """Hyper-parameters of experimental shaping hooks, by hook name (documented per hook)."""

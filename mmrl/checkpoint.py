@@ -1,0 +1,69 @@
+"""Atomic checkpoints and exact resume.
+
+``OUT/checkpoints/step_<k>/`` holds accelerate's state (model, optimizer, scheduler, RNG; sharded
+correctly under FSDP/DeepSpeed), ``policy/`` in the ecosystem's format (loads without mmrl), and
+``trainer_state.json`` (step, data-iterator RNG state, counters, config fingerprint). A checkpoint
+is written to a temporary folder and renamed into place, so a killed run never leaves a partial
+one; ``OUT/checkpoints/latest`` names the newest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from mmrl.config import TrainConfig, to_dict
+
+STATE_FILE = "trainer_state.json"
+
+# Fields that may change between a run and its resumption without changing the trajectory.
+RESUMABLE_CHANGES = {("trainer", "steps"), ("eval", "every"), ("checkpoint", "every"),
+                     ("checkpoint", "keep_last"), ("log", "tensorboard"), ("log", "progress")}
+
+
+def config_fingerprint(cfg: TrainConfig) -> str:
+    data = to_dict(cfg)
+    for section, key in RESUMABLE_CHANGES:
+        data[section].pop(key, None)
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def checkpoint_dir(out: Path, step: int) -> Path:
+    return out / "checkpoints" / f"step_{step}"
+
+
+def latest_checkpoint(out: Path) -> Path | None:
+    pointer = out / "checkpoints" / "latest"
+    if not pointer.is_file():
+        return None
+    path = out / "checkpoints" / pointer.read_text().strip()
+    if not (path / STATE_FILE).is_file():
+        raise FileNotFoundError(f"{pointer} names {path.name}, which is missing or incomplete")
+    return path
+
+
+def read_state(path: Path) -> dict[str, Any]:
+    return json.loads((path / STATE_FILE).read_text())
+
+
+def finalize(tmp: Path, final: Path, state: dict[str, Any], keep_last: int) -> None:
+    """Main process: write the state file, move ``tmp`` into place, update ``latest``, prune."""
+    (tmp / STATE_FILE).write_text(json.dumps(state, indent=1))
+    if final.exists():  # a checkpoint of the same step from a run that was resumed before it
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    write_text_atomic(final.parent / "latest", final.name)
+    if keep_last > 0:
+        steps = sorted(int(p.name.split("_")[1]) for p in final.parent.glob("step_*") if p.is_dir())
+        for old in steps[:-keep_last]:
+            shutil.rmtree(final.parent / f"step_{old}", ignore_errors=True)

@@ -1,0 +1,94 @@
+"""``mmrl`` command line: train, list, plot.
+
+    mmrl train configs/sanity/tiny_cpu.yaml trainer.lr=1e-4 --out runs/x
+    mmrl train sanity/tiny_cpu --out runs/x --resume
+    mmrl list
+    mmrl plot runs/x
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from mmrl.config import ConfigError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mmrl", description="RL fine-tuning with verifiable rewards")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    train = sub.add_parser("train", help="train a policy from a recipe")
+    add_train_arguments(train)
+
+    sub.add_parser("list", help="registered tasks, envs, policies, algorithms and recipes")
+
+    plot = sub.add_parser("plot", help="write OUT/curves.png from OUT/metrics.jsonl")
+    plot.add_argument("run", help="a run folder (the --out of mmrl train)")
+    return parser
+
+
+def add_train_arguments(parser: argparse.ArgumentParser, default_recipe: str | None = None) -> None:
+    parser.add_argument("recipe", nargs=None if default_recipe is None else "?", default=default_recipe,
+                        help="recipe YAML path or name (see `mmrl list`)")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.lr=1e-5 algo.kl_coef=0")
+    parser.add_argument("--out", required=True, help="run folder (config, metrics, checkpoints)")
+    parser.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing run in --out")
+    parser.add_argument("--no-plot", action="store_true", help="do not write OUT/curves.png at the end")
+
+
+def run_train(args: argparse.Namespace) -> Path:
+    """Shared by ``mmrl train`` and the per-domain scripts in ``scripts/``."""
+    from mmrl.config import load_config
+    from mmrl.plotting import plot_run
+    from mmrl.trainer import Trainer
+
+    if args.resume and args.overwrite:
+        raise ConfigError("--resume and --overwrite exclude each other")
+    cfg = load_config(args.recipe, args.overrides)
+    trainer = Trainer(cfg, args.out, resume=args.resume, overwrite=args.overwrite)
+    is_main = trainer.engine.is_main
+    trainer.train()
+    if is_main and not args.no_plot:
+        print(f"curves: {plot_run(args.out)}")
+    return Path(args.out)
+
+
+def list_components() -> str:
+    import gymnasium
+
+    from mmrl.algos import ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, SHAPING_HOOKS
+    from mmrl.config import list_recipes
+    from mmrl.registry import POLICIES, TASKS, load_builtins
+
+    load_builtins()
+    envs = sorted(k for k in gymnasium.registry if k.startswith("mmrl/"))
+    sections = [("tasks", TASKS.names()), ("envs", envs), ("policies", POLICIES.names()),
+                ("advantage estimators", ADVANTAGE_ESTIMATORS.names()), ("policy losses", POLICY_LOSSES.names()),
+                ("loss aggregations", AGGREGATIONS.names()), ("KL estimators", KL_ESTIMATORS.names()),
+                ("shaping hooks", SHAPING_HOOKS.names()), ("recipes", list_recipes())]
+    return "\n".join(f"{title}:\n" + ("\n".join(f"  {n}" for n in names) or "  (none yet)")
+                     for title, names in sections)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "train":
+            run_train(args)
+        elif args.command == "list":
+            print(list_components())
+        elif args.command == "plot":
+            from mmrl.plotting import plot_run
+
+            print(plot_run(args.run))
+    except (ConfigError, FileExistsError, FileNotFoundError) as err:
+        print(f"mmrl {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,362 @@
+"""Typed configuration: dataclasses, YAML recipes and dotted command-line overrides.
+
+A recipe is a YAML file whose keys mirror :class:`TrainConfig`. Validation happens once, before
+any work: an unknown key or a value of the wrong type raises :class:`ConfigError` naming the
+valid keys or the expected type. ``task.args`` and ``policy.args`` are validated against the
+config dataclass that the named task / policy registered.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from mmrl.algos import ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, SHAPING_HOOKS
+from mmrl.algos.config import AlgoConfig
+
+
+class ConfigError(ValueError):
+    """A recipe or override that cannot be used; the message says how to fix it."""
+
+
+@dataclass(frozen=True)
+class ComponentConfig:
+    name: str
+    """Registered id (tasks: "family/name-vK"; policies: a policy name)."""
+    args: Any = field(default_factory=dict)
+    """Arguments of the component, validated against its registered config dataclass."""
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    prompts_per_step: int = 16
+    """Examples (prompts / initial states) per training step, across all processes."""
+    group_size: int = 8
+    """Samples per example (GRPO's G)."""
+    temperature: float = 1.0
+    """Sampling temperature; log-probs are those of the tempered distribution."""
+    top_p: float = 1.0
+    """Nucleus sampling; log-probs stay those of the tempered (untruncated) distribution."""
+    max_new_tokens: int = 32
+    """Cap on decisions per sample (tokens for text policies)."""
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    seed: int = 0
+    """Seeds data order, sampling and initialisation; the same seed gives the same run on CPU."""
+    steps: int = 100
+    """Training steps (each: one rollout batch, then ``ppo_epochs`` passes over it)."""
+    lr: float = 3e-4
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay (DAPO uses 0.1)."""
+    warmup_steps: int = 0
+    """Linear warm-up, in optimizer steps."""
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """Decay after warm-up, over all optimizer steps of the run."""
+    ppo_epochs: int = 1
+    """Passes over each rollout batch."""
+    minibatches: int = 1
+    """Optimizer steps per pass (the batch is split into this many minibatches of whole groups)."""
+    micro_batch_size: int = 64
+    """Rows per forward/backward (gradient accumulation); the update does not depend on it."""
+    grad_clip: float = 1.0
+    """Max global gradient norm; steps with a non-finite norm are skipped and logged."""
+    mixed_precision: Literal["no", "bf16", "fp16"] = "no"
+    """accelerate mixed precision for the re-scoring forward."""
+    ref_model: Literal["copy", "none"] = "copy"
+    """Reference policy for the KL term and ``policy/kl_ref``: a frozen copy of the initial
+    policy, or none (then ``algo.kl_coef`` must be 0 and ``policy/kl_ref`` is null)."""
+    recompute_logp_old: bool = False
+    """Re-compute π_old with the trainer's forward before the update (needed for truncated IS
+    when a rollout engine such as vLLM samples); logs ``rollout/logp_diff``."""
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    every: int = 0
+    """Evaluate every this many steps (0: only before training and at the end)."""
+    num_examples: int = 128
+    """Held-out examples, drawn once with ``seed``."""
+    split: str = "test"
+    """Task split to evaluate on."""
+    temperature: float = 0.0
+    """0 evaluates greedily."""
+    seed: int = 1234
+    """Seed of the held-out set (independent of the training seed)."""
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    every: int = 0
+    """Save every this many steps (0: only at the end)."""
+    keep_last: int = 2
+    """Older checkpoints are deleted once a newer one is written (0 keeps all)."""
+
+
+@dataclass(frozen=True)
+class WarmStartConfig:
+    sft_steps: int = 0
+    """Supervised steps on the task's reference outputs before RL (0: none)."""
+    lr: float = 3e-3
+    batch_size: int = 64
+    seed: int = 0
+    cache: bool = True
+    """Reuse a warm start built before with the same task, policy and warm-start config."""
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    tensorboard: bool = True
+    """Write TensorBoard events to ``OUT/tb`` when tensorboard is installed."""
+    progress: bool = True
+    """Progress bar with the live reward on the console."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    task: ComponentConfig
+    policy: ComponentConfig
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+
+# ------------------------------------------------------------------------------------------------
+# Building typed configs from plain data
+
+
+def build(cls: type, data: Any, path: str = "") -> Any:
+    """Build dataclass ``cls`` from a mapping, checking keys and types recursively."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path or 'config'} must be a mapping, got {type(data).__name__}: {data!r}")
+    hints = typing.get_type_hints(cls)
+    valid = [f.name for f in fields(cls) if f.init]
+    unknown = [k for k in data if k not in valid]
+    if unknown:
+        where = f" in {path}" if path else ""
+        raise ConfigError(f"unknown key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}{where}; "
+                          f"valid keys: {', '.join(valid)}")
+    kwargs = {}
+    for f in fields(cls):
+        if f.name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ConfigError(f"missing required key {_join(path, f.name)!r}")
+            continue
+        kwargs[f.name] = _coerce(data[f.name], hints[f.name], _join(path, f.name))
+    return cls(**kwargs)
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _coerce(value: Any, hint: Any, path: str) -> Any:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return value
+    if is_dataclass(hint):
+        return build(hint, value, path)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for option in (a for a in args if a is not type(None)):
+            try:
+                return _coerce(value, option, path)
+            except ConfigError as err:
+                errors.append(str(err))
+        raise ConfigError(errors[0] if len(errors) == 1 else f"{path}: {value!r} fits none of {hint}")
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{path} must be one of {', '.join(map(repr, args))}, got {value!r}")
+        return value
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{path} expects a list, got {value!r}")
+        return tuple(_coerce(v, args[0], f"{path}[{i}]") for i, v in enumerate(value))
+    if origin is dict or hint is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path} expects a mapping, got {value!r}")
+        return dict(value)
+    if hint is float:
+        if isinstance(value, str):  # YAML 1.1 reads "3e-4" (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{path} expects a number, got {value!r}")
+        return float(value)
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{path} expects an integer, got {value!r}")
+        return value
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{path} expects true or false, got {value!r}")
+        return value
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{path} expects a string, got {value!r}")
+        return value
+    raise ConfigError(f"{path}: unsupported type {hint}")
+
+
+def to_dict(cfg: Any) -> Any:
+    """Plain data (for YAML) from a config, nested dataclasses and tuples included."""
+    if is_dataclass(cfg):
+        return {f.name: to_dict(getattr(cfg, f.name)) for f in fields(cfg)}
+    if isinstance(cfg, (list, tuple)):
+        return [to_dict(v) for v in cfg]
+    if isinstance(cfg, dict):
+        return {k: to_dict(v) for k, v in cfg.items()}
+    return cfg
+
+
+# ------------------------------------------------------------------------------------------------
+# Recipes and overrides
+
+RECIPES_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+def recipes_dir() -> Path:
+    """The recipes folder: ``configs/`` of a source checkout, or the copy installed as ``mmrl.configs``."""
+    if RECIPES_DIR.is_dir():
+        return RECIPES_DIR
+    from importlib import resources
+
+    return Path(str(resources.files("mmrl.configs")))
+
+
+def list_recipes() -> list[str]:
+    root = recipes_dir()
+    return sorted(str(p.relative_to(root).with_suffix("")) for p in root.glob("*/*.yaml")
+                  if p.parent.name != "accelerate")
+
+
+def resolve_recipe(recipe: str) -> Path:
+    """A recipe path, or a name like ``sanity/tiny_cpu`` looked up in the recipes folder."""
+    path = Path(recipe)
+    if path.is_file():
+        return path
+    named = recipes_dir() / (recipe if recipe.endswith(".yaml") else f"{recipe}.yaml")
+    if named.is_file():
+        return named
+    import difflib
+
+    names = list_recipes()
+    close = difflib.get_close_matches(recipe.removesuffix(".yaml").removeprefix("configs/"), names, n=3)
+    hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
+    raise ConfigError(f"no recipe {recipe!r}: not a file, and not a recipe name.{hint} "
+                      f"Recipes: {', '.join(names)}")
+
+
+def load_yaml(path: Path) -> dict:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path} is not valid YAML: {err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a mapping of config sections, got {type(data).__name__}")
+    return data
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Apply ``a.b.c=value`` overrides (values parsed as YAML: 1e-5, true, [a, b], null)."""
+    data = to_dict(data)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r} must look like section.key=value")
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError as err:
+            raise ConfigError(f"override {item!r}: value is not valid YAML: {err}") from None
+        node = data
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {part!r} is not a section")
+        node[parts[-1]] = value
+    return data
+
+
+def load_config(recipe: str, overrides: list[str] = ()) -> TrainConfig:
+    """Recipe + overrides → a validated :class:`TrainConfig` (task/policy args typed too)."""
+    data = apply_overrides(load_yaml(resolve_recipe(recipe)), list(overrides))
+    return validate(build(TrainConfig, data))
+
+
+def validate(cfg: TrainConfig) -> TrainConfig:
+    """Resolve registered names and component args; check cross-field constraints."""
+    from mmrl.registry import POLICIES, TASKS, load_builtins
+
+    load_builtins()
+    task_spec, policy_spec = TASKS.get(cfg.task.name), POLICIES.get(cfg.policy.name)
+    task_args = _component_args(task_spec.config, cfg.task.args, "task.args")
+    policy_args = _component_args(policy_spec.config, cfg.policy.args, "policy.args")
+    a = cfg.algo
+    for registry, name in ((ADVANTAGE_ESTIMATORS, a.advantage), (POLICY_LOSSES, a.policy_loss),
+                           (AGGREGATIONS, a.loss_agg), (KL_ESTIMATORS, a.kl_estimator)):
+        _check_name(registry, name)
+    for hook in a.shaping:
+        _check_name(SHAPING_HOOKS, hook)
+    problems = []
+    if a.kl_coef > 0 and cfg.trainer.ref_model == "none":
+        problems.append("algo.kl_coef > 0 needs trainer.ref_model: copy")
+    if a.kl_in_reward_coef > 0 and cfg.trainer.ref_model == "none":
+        problems.append("algo.kl_in_reward_coef > 0 needs trainer.ref_model: copy")
+    if a.tis_cap is not None and not cfg.trainer.recompute_logp_old:
+        problems.append("algo.tis_cap needs trainer.recompute_logp_old: true (else π_old is the behaviour policy)")
+    if a.dynamic_sampling and cfg.rollout.group_size < 2:
+        problems.append("algo.dynamic_sampling needs rollout.group_size >= 2")
+    if a.overlong_max_len is not None and not 0 < a.overlong_buffer <= a.overlong_max_len:
+        problems.append("algo.overlong_buffer must be in 1..algo.overlong_max_len")
+    for key, value in (("rollout.prompts_per_step", cfg.rollout.prompts_per_step),
+                       ("rollout.group_size", cfg.rollout.group_size), ("trainer.steps", cfg.trainer.steps),
+                       ("trainer.ppo_epochs", cfg.trainer.ppo_epochs), ("trainer.minibatches", cfg.trainer.minibatches),
+                       ("trainer.micro_batch_size", cfg.trainer.micro_batch_size),
+                       ("rollout.max_new_tokens", cfg.rollout.max_new_tokens)):
+        if value < 1:
+            problems.append(f"{key} must be >= 1, got {value}")
+    if cfg.rollout.prompts_per_step % cfg.trainer.minibatches:
+        problems.append(f"rollout.prompts_per_step ({cfg.rollout.prompts_per_step}) must be divisible by "
+                        f"trainer.minibatches ({cfg.trainer.minibatches}): minibatches hold whole groups")
+    if problems:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
+    return dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, args=task_args),
+                               policy=dataclasses.replace(cfg.policy, args=policy_args))
+
+
+def _component_args(config_cls: type, args: Any, path: str) -> Any:
+    if is_dataclass(args):
+        if not isinstance(args, config_cls):
+            raise ConfigError(f"{path} must be a {config_cls.__name__}, got {type(args).__name__}")
+        return args
+    return build(config_cls, args or {}, path)
+
+
+def _check_name(registry: Any, name: str) -> None:
+    from mmrl.registry import UnknownNameError
+
+    try:
+        registry.get(name)
+    except UnknownNameError as err:
+        raise ConfigError(str(err)) from None
+
+
+def dump_config(cfg: TrainConfig, path: Path) -> None:
+    path.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))

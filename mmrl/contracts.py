@@ -1,0 +1,107 @@
+"""The small typed contracts that tasks and policies meet through.
+
+Tasks and policies never import each other: a task produces examples and scores outputs; a policy
+turns examples into a :class:`~mmrl.rollout.Rollout` and re-scores it. The trainer joins them.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+from torch import Tensor, nn
+
+from mmrl.rollout import Rollout, SamplingParams
+
+
+@dataclass(frozen=True)
+class RewardResult:
+    """A verifier's verdict on one output.
+
+    ``score`` is in the task's documented range; ``components`` are logged as ``reward/<name>``;
+    ``info`` says why a score is zero (malformed output, wrong answer, ...). Reward functions
+    never raise on model output: bad output is a zero with a reason.
+    """
+
+    score: float
+    components: dict[str, float] = field(default_factory=dict)
+    info: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.score, (int, float)):
+            raise TypeError(f"RewardResult.score must be a float, got {type(self.score).__name__}")
+
+
+@runtime_checkable
+class Task(Protocol):
+    """A source of examples with a verifiable reward.
+
+    - ``sample_batch(split, n, rng)`` draws ``n`` examples of ``split`` ("train" / "test" / task
+      specific OOD splits) using only ``rng``; the same rng state gives the same examples.
+    - ``reward(example, output)`` is total: any output gives a :class:`RewardResult`.
+    - ``metrics(examples, outputs, results)`` aggregates task metrics for evaluation
+      (accuracy, exact match, F1, ...), logged as ``eval/<name>``.
+    - ``reference_output(example)`` is a correct output, used for SFT warm starts.
+    """
+
+    id: str
+    reward_range: tuple[float, float]
+
+    def sample_batch(self, split: str, n: int, rng: np.random.Generator) -> list[Any]: ...
+
+    def reward(self, example: Any, output: Any) -> RewardResult: ...
+
+    def metrics(self, examples: Sequence[Any], outputs: Sequence[Any],
+                results: Sequence[RewardResult]) -> dict[str, float]: ...
+
+    def reference_output(self, example: Any) -> Any: ...
+
+
+@dataclass
+class PolicyOutput:
+    """What a re-scoring forward returns, aligned with ``rollout.mask``."""
+
+    logp: Tensor  # [N, T] log π_θ(decision), with gradients
+    entropy: Tensor | None = None  # [N, T] entropy of π_θ at each decision (when asked)
+    values: Tensor | None = None  # [N, T] value head outputs (policies with a critic)
+
+
+class Policy(nn.Module, ABC):
+    """Base of every policy: an ``nn.Module`` whose ``forward`` re-scores a rollout.
+
+    ``forward`` is the only computation with gradients, so wrapping the policy in DDP/FSDP (via
+    accelerate) makes gradient synchronisation automatic. ``rollout`` samples without gradients.
+    ``version`` counts the optimizer steps taken; rollouts carry it (stale-weight detection).
+    """
+
+    version: int = 0
+
+    @abstractmethod
+    def rollout(self, examples: Sequence[Any], group_size: int, sampling: SamplingParams,
+                seed: int) -> Rollout:
+        """Sample ``group_size`` outputs per example; rows of one example share a group id.
+
+        All randomness comes from ``seed``: the same weights, examples and seed give the same rollout.
+        """
+
+    @abstractmethod
+    def forward(self, rollout: Rollout, with_entropy: bool = False) -> PolicyOutput:
+        """Log-probs of the rollout's decisions under the current weights."""
+
+    @abstractmethod
+    def save_pretrained(self, path: str) -> None:
+        """Save in the ecosystem's format so the model loads without mmrl."""
+
+    @abstractmethod
+    def load_weights(self, path: str) -> None:
+        """Load weights saved by :meth:`save_pretrained` into this policy (same architecture)."""
+
+    def sft_loss(self, examples: Sequence[Any], targets: Sequence[Any]) -> Tensor:
+        """Mean negative log-likelihood of ``targets`` given ``examples`` (supervised warm start).
+
+        Policies that can be warm-started by supervised fine-tuning override this.
+        """
+        raise TypeError(f"{type(self).__name__} does not support supervised warm starts")

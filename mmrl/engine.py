@@ -1,0 +1,78 @@
+"""Devices, processes and precision, through ``accelerate`` (DDP / FSDP / DeepSpeed by its config).
+
+The trainer talks to this thin layer only: it never checks ranks or devices itself.
+Run multi-process with ``accelerate launch --config_file configs/accelerate/<name>.yaml``; on CPU
+use ``ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2`` (``--cpu
+--num_processes 2`` silently runs one process; see docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from accelerate import Accelerator
+from torch import Tensor
+
+
+class Engine:
+    def __init__(self, mixed_precision: str = "no"):
+        self.accelerator = Accelerator(mixed_precision=mixed_precision)
+
+    @property
+    def rank(self) -> int:
+        return self.accelerator.process_index
+
+    @property
+    def world_size(self) -> int:
+        return self.accelerator.num_processes
+
+    @property
+    def is_main(self) -> bool:
+        return self.accelerator.is_main_process
+
+    @property
+    def device(self) -> torch.device:
+        return self.accelerator.device
+
+    def prepare(self, *objects):
+        return self.accelerator.prepare(*objects)
+
+    def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        return self.accelerator.unwrap_model(model)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        return self.accelerator.autocast()
+
+    def backward(self, loss: Tensor) -> None:
+        self.accelerator.backward(loss)
+
+    @contextlib.contextmanager
+    def no_sync(self, model: torch.nn.Module, skip_sync: bool) -> Iterator[None]:
+        """Skip the gradient all-reduce for all but the last micro-batch of a minibatch."""
+        if skip_sync and self.world_size > 1:
+            with self.accelerator.no_sync(model):
+                yield
+        else:
+            yield
+
+    def clip_grad_norm(self, params, max_norm: float) -> Tensor:
+        return self.accelerator.clip_grad_norm_(params, max_norm)
+
+    def sum(self, value: float | Tensor) -> float:
+        """Sum of a scalar over processes."""
+        t = torch.as_tensor(value, dtype=torch.float64, device=self.device).reshape(1)
+        return float(self.accelerator.reduce(t, reduction="sum")) if self.world_size > 1 else float(t)
+
+    def mean(self, value: float | Tensor) -> float:
+        return self.sum(value) / self.world_size
+
+    def any(self, flag: bool) -> bool:
+        return self.sum(float(flag)) > 0
+
+    def wait(self) -> None:
+        self.accelerator.wait_for_everyone()
+
+    def end(self) -> None:
+        self.accelerator.end_training()

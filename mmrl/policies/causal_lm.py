@@ -1,0 +1,202 @@
+"""A policy over any Hugging Face causal LM: sampling with ``generate``, re-scoring with gradients.
+
+Loads a local checkpoint folder (``pretrained``) or builds a model from a transformers config JSON
+and a character tokenizer (the embedded defaults). Examples must have a ``prompt: str``; outputs
+are the decoded completion strings.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from safetensors.torch import load_file, save_file
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedTokenizerFast
+
+from mmrl.contracts import Policy, PolicyOutput
+from mmrl.policies.tokens import (TokenPayload, completion_mask_from_eos, positions_from_mask,
+                                  token_logprobs)
+from mmrl.rollout import Rollout, SamplingParams
+
+PAD, EOS = "<pad>", "<eos>"
+VALUE_HEAD_FILE = "value_head.safetensors"
+
+
+@dataclass(frozen=True)
+class CausalLMConfig:
+    pretrained: str | None = None
+    """A local HF model folder (config, weights, tokenizer). Excludes model_config/tokenizer_chars."""
+    model_config: str | None = None
+    """A transformers config JSON (path, relative to the repo root or absolute) for a fresh model."""
+    tokenizer_chars: str | None = None
+    """With model_config: a character-level tokenizer over these characters (+ <pad>, <eos>)."""
+    init_seed: int = 0
+    """Seed of a fresh model's initial weights."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    value_head: bool = False
+    """Add a linear critic on the last hidden state (PPO with GAE); saved as value_head.safetensors."""
+
+
+def char_tokenizer(chars: str) -> PreTrainedTokenizerFast:
+    """A character-level fast tokenizer: one id per character, ``<pad>`` = 0, ``<eos>`` = 1."""
+    if len(set(chars)) != len(chars):
+        raise ValueError(f"tokenizer_chars has repeated characters: {chars!r}")
+    vocab = {PAD: 0, EOS: 1, **{c: i + 2 for i, c in enumerate(chars)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS, padding_side="left")
+
+
+def resolve_asset(path: str) -> Path:
+    """A path as given, or relative to the repository / installed package root."""
+    candidate = Path(path)
+    if candidate.exists():
+        return candidate
+    root = Path(__file__).resolve().parents[2]
+    if (root / path).exists():
+        return root / path
+    raise FileNotFoundError(f"{path} not found (looked in the working directory and {root})")
+
+
+class CausalLMPolicy(Policy):
+    def __init__(self, model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, value_head: bool = False):
+        super().__init__()
+        if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
+            raise ValueError("the tokenizer needs a pad and an eos token")
+        self.model = model
+        self.tokenizer = tokenizer
+        tokenizer.padding_side = "left"
+        self.pad_id = tokenizer.pad_token_id
+        self.eos_ids = sorted({tokenizer.eos_token_id})
+        # Never sample special tokens other than EOS (a sampled pad / image token corrupts
+        # re-scoring); the same ids are removed from the distribution when scoring.
+        special = set(tokenizer.all_special_ids) - set(self.eos_ids)
+        self.register_buffer("suppressed", torch.tensor(sorted(special), dtype=torch.long), persistent=False)
+        # An explicit neutral generation config: a checkpoint's generation_config.json (top_k,
+        # repetition penalty, ...) would otherwise change the sampling distribution silently.
+        self.model.generation_config = GenerationConfig(
+            pad_token_id=self.pad_id, eos_token_id=self.eos_ids, bos_token_id=tokenizer.bos_token_id)
+        self.value_head = None
+        if value_head:
+            # V(s_t) from the hidden state that predicts token t; zero-initialised so the critic
+            # starts neutral instead of with random values.
+            self.value_head = torch.nn.Linear(model.config.get_text_config().hidden_size, 1)
+            torch.nn.init.zeros_(self.value_head.weight)
+            torch.nn.init.zeros_(self.value_head.bias)
+
+    # -- construction ----------------------------------------------------------------------------
+    @classmethod
+    def from_config(cls, cfg: CausalLMConfig) -> CausalLMPolicy:
+        dtype = getattr(torch, cfg.dtype)
+        if cfg.pretrained is not None:
+            if cfg.model_config or cfg.tokenizer_chars:
+                raise ValueError("policy.args: give either pretrained or model_config + tokenizer_chars")
+            return cls.from_pretrained(cfg.pretrained, dtype=dtype, value_head=cfg.value_head)
+        if not (cfg.model_config and cfg.tokenizer_chars):
+            raise ValueError("policy.args needs pretrained, or both model_config and tokenizer_chars")
+        tokenizer = char_tokenizer(cfg.tokenizer_chars)
+        config_data = json.loads(resolve_asset(cfg.model_config).read_text())
+        config_data.update(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+                           eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id)
+        config = AutoConfig.for_model(**config_data)
+        with torch.random.fork_rng():
+            torch.manual_seed(cfg.init_seed)
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+            return cls(model, tokenizer, value_head=cfg.value_head)
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, dtype: torch.dtype = torch.float32,
+                        value_head: bool = False) -> CausalLMPolicy:
+        path = Path(path)
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"{path} is not a Hugging Face model folder (no config.json)")
+        policy = cls(AutoModelForCausalLM.from_pretrained(path, dtype=dtype), AutoTokenizer.from_pretrained(path),
+                     value_head=value_head)
+        if value_head and (path / VALUE_HEAD_FILE).is_file():
+            policy.value_head.load_state_dict(load_file(path / VALUE_HEAD_FILE))
+        return policy
+
+    def save_pretrained(self, path: str) -> None:
+        self.model.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+        if self.value_head is not None:
+            save_file(self.value_head.state_dict(), Path(path) / VALUE_HEAD_FILE)
+
+    def load_weights(self, path: str) -> None:
+        loaded = type(self.model).from_pretrained(path, dtype=next(self.model.parameters()).dtype)
+        self.model.load_state_dict(loaded.state_dict())
+        if self.value_head is not None and (Path(path) / VALUE_HEAD_FILE).is_file():
+            self.value_head.load_state_dict(load_file(Path(path) / VALUE_HEAD_FILE))
+
+    # -- sampling --------------------------------------------------------------------------------
+    def _encode_prompts(self, prompts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        enc = self.tokenizer(list(prompts), padding=True, return_tensors="pt", add_special_tokens=False)
+        device = self.suppressed.device
+        return enc["input_ids"].to(device), enc["attention_mask"].to(device)
+
+    @torch.no_grad()
+    def rollout(self, examples: Sequence[Any], group_size: int, sampling: SamplingParams, seed: int) -> Rollout:
+        prompts = [ex.prompt for ex in examples for _ in range(group_size)]
+        prompt_ids, prompt_mask = self._encode_prompts(prompts)
+        greedy = sampling.temperature == 0
+        was_training = self.model.training
+        self.model.eval()
+        with torch.random.fork_rng(devices=[]):  # generate draws from the global RNG: fork it
+            torch.manual_seed(seed)
+            out = self.model.generate(
+                input_ids=prompt_ids, attention_mask=prompt_mask, do_sample=not greedy,
+                **({} if greedy else {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": 0}),
+                max_new_tokens=sampling.max_new_tokens, suppress_tokens=self.suppressed.tolist() or None,
+                output_logits=True, return_dict_in_generate=True)
+        self.model.train(was_training)
+        completion_ids = out.sequences[:, prompt_ids.shape[1]:]
+        completion_mask = completion_mask_from_eos(completion_ids, self.eos_ids)
+        completion_ids = completion_ids.masked_fill(completion_mask == 0, self.pad_id)
+        logits = torch.stack(out.logits, dim=1)  # [N, T, V] raw logits (before processors)
+        logp, _ = token_logprobs(logits, completion_ids, sampling.temperature, self.suppressed)
+        mask = completion_mask.float()
+        texts = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+        example_index = torch.arange(len(examples)).repeat_interleave(group_size)
+        payload = TokenPayload(prompt_ids.cpu(), prompt_mask.cpu(), completion_ids.cpu(), completion_mask.cpu(),
+                               sampling.temperature, self.pad_id)
+        values = self.score(payload).values if self.value_head is not None else None
+        return Rollout(logp=(logp * mask).cpu(), mask=mask.cpu(), group_id=example_index.clone(),
+                       example_index=example_index, outputs=texts, payload=payload,
+                       policy_version=self.version, values=None if values is None else values.cpu())
+
+    # -- scoring ---------------------------------------------------------------------------------
+    def score(self, payload: TokenPayload, with_entropy: bool = False) -> PolicyOutput:
+        device = self.suppressed.device
+        prompt_len = payload.prompt_ids.shape[1]
+        input_ids = torch.cat([payload.prompt_ids, payload.completion_ids], 1).to(device)
+        attention = torch.cat([payload.prompt_mask, payload.completion_mask], 1).to(device)
+        out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions_from_mask(attention),
+                         output_hidden_states=self.value_head is not None)
+        # Position i predicts token i + 1: the completion is predicted from positions P−1 .. P+T−2.
+        predicting = slice(prompt_len - 1, input_ids.shape[1] - 1)
+        logp, entropy = token_logprobs(out.logits[:, predicting], payload.completion_ids.to(device),
+                                       payload.temperature, self.suppressed, with_entropy)
+        mask = payload.completion_mask.to(device).float()
+        values = None
+        if self.value_head is not None:
+            values = self.value_head(out.hidden_states[-1][:, predicting].float()).squeeze(-1) * mask
+        return PolicyOutput(logp=logp * mask, entropy=None if entropy is None else entropy * mask, values=values)
+
+    def forward(self, rollout: Rollout, with_entropy: bool = False) -> PolicyOutput:
+        return self.score(rollout.payload, with_entropy)
+
+    def sft_loss(self, examples: Sequence[Any], targets: Sequence[str]) -> torch.Tensor:
+        prompt_ids, prompt_mask = self._encode_prompts([ex.prompt for ex in examples])
+        eos = self.tokenizer.eos_token
+        enc = self.tokenizer([t + eos for t in targets], padding=True, padding_side="right",
+                             return_tensors="pt", add_special_tokens=False)
+        payload = TokenPayload(prompt_ids, prompt_mask, enc["input_ids"], enc["attention_mask"], 1.0, self.pad_id)
+        out = self.score(payload)
+        mask = payload.completion_mask.float().to(out.logp.device)
+        return -(out.logp * mask).sum() / mask.sum()

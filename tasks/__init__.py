@@ -1,0 +1,6 @@
+"""Task adapters (installed as ``mmrl.tasks``): procedural data, prompts and verifiable rewards.
+
+Importing this package registers every built-in task.
+"""
+
+from mmrl.tasks import sanity  # noqa: F401
