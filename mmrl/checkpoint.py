@@ -21,13 +21,20 @@ from mmrl.config import TrainConfig, to_dict
 STATE_FILE = "trainer_state.json"
 
 # Fields that may change between a run and its resumption without changing the trajectory.
-RESUMABLE_CHANGES = {("trainer", "steps"), ("eval", "every"), ("checkpoint", "every"),
-                     ("checkpoint", "keep_last"), ("log", "tensorboard"), ("log", "progress")}
+# (trainer.steps too, but only under a constant learning rate: a decaying schedule spans the run.)
+RESUMABLE_CHANGES = {("eval", "every"), ("checkpoint", "every"), ("checkpoint", "keep_last"),
+                     ("log", "tensorboard"), ("log", "progress")}
+
+
+def resumable_changes(cfg: TrainConfig) -> set[tuple[str, str]]:
+    if cfg.trainer.lr_schedule == "constant":
+        return RESUMABLE_CHANGES | {("trainer", "steps")}
+    return RESUMABLE_CHANGES
 
 
 def config_fingerprint(cfg: TrainConfig) -> str:
     data = to_dict(cfg)
-    for section, key in RESUMABLE_CHANGES:
+    for section, key in resumable_changes(cfg):
         data[section].pop(key, None)
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 

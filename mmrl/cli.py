@@ -13,6 +13,10 @@ import sys
 from pathlib import Path
 
 from mmrl.config import ConfigError
+from mmrl.registry import UnknownNameError
+
+# Errors in what the user gave (recipe, override, folder): reported in one line, exit code 2.
+USER_ERRORS = (ConfigError, FileExistsError, FileNotFoundError, UnknownNameError)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,8 +34,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_train_arguments(parser: argparse.ArgumentParser, default_recipe: str | None = None) -> None:
-    parser.add_argument("recipe", nargs=None if default_recipe is None else "?", default=default_recipe,
-                        help="recipe YAML path or name (see `mmrl list`)")
+    """``mmrl train`` takes the recipe as its first argument; a domain script has a default recipe
+    and takes ``--recipe`` instead, so that its positional arguments are all overrides."""
+    if default_recipe is None:
+        parser.add_argument("recipe", help="recipe YAML path or name (see `mmrl list`)")
+    else:
+        parser.add_argument("--recipe", default=default_recipe, help=f"recipe (default {default_recipe})")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.lr=1e-5 algo.kl_coef=0")
     parser.add_argument("--out", required=True, help="run folder (config, metrics, checkpoints)")
     parser.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
@@ -45,6 +53,9 @@ def run_train(args: argparse.Namespace) -> Path:
     from mmrl.plotting import plot_run
     from mmrl.trainer import Trainer
 
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()  # one progress bar: the trainer's
     if args.resume and args.overwrite:
         raise ConfigError("--resume and --overwrite exclude each other")
     cfg = load_config(args.recipe, args.overrides)
@@ -73,8 +84,19 @@ def list_components() -> str:
                      for title, names in sections)
 
 
+def parse_with_overrides(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Parse, letting ``key=value`` overrides stand anywhere (also after ``--out DIR``)."""
+    args, extra = parser.parse_known_args(argv)
+    stray = [item for item in extra if "=" not in item or item.startswith("-")]
+    if stray or (extra and not hasattr(args, "overrides")):
+        parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_with_overrides(build_parser(), argv)
     try:
         if args.command == "train":
             run_train(args)
@@ -84,8 +106,21 @@ def main(argv: list[str] | None = None) -> int:
             from mmrl.plotting import plot_run
 
             print(plot_run(args.run))
-    except (ConfigError, FileExistsError, FileNotFoundError) as err:
+    except USER_ERRORS as err:
         print(f"mmrl {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def script_main(default_recipe: str, description: str, argv: list[str] | None = None) -> int:
+    """Entry point of a per-domain training script (``scripts/train_<domain>.py``)."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_train_arguments(parser, default_recipe=default_recipe)
+    args = parse_with_overrides(parser, argv)
+    try:
+        run_train(args)
+    except USER_ERRORS as err:
+        print(f"{parser.prog}: error: {err}", file=sys.stderr)
         return 2
     return 0
 

@@ -9,6 +9,7 @@ config dataclass that the named task / policy registered.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import types
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass
@@ -19,6 +20,7 @@ import yaml
 
 from mmrl.algos import ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, SHAPING_HOOKS
 from mmrl.algos.config import AlgoConfig
+from mmrl.paths import recipes_dir
 
 
 class ConfigError(ValueError):
@@ -69,8 +71,9 @@ class TrainerConfig:
     """Rows per forward/backward (gradient accumulation); the update does not depend on it."""
     grad_clip: float = 1.0
     """Max global gradient norm; steps with a non-finite norm are skipped and logged."""
-    mixed_precision: Literal["no", "bf16", "fp16"] = "no"
-    """accelerate mixed precision for the re-scoring forward."""
+    mixed_precision: Literal["no", "bf16", "fp16"] | None = None
+    """accelerate mixed precision for the re-scoring forward; null leaves it to the
+    ``accelerate launch`` config (``no`` when run without one)."""
     ref_model: Literal["copy", "none"] = "copy"
     """Reference policy for the KL term and ``policy/kl_ref``: a frozen copy of the initial
     policy, or none (then ``algo.kl_coef`` must be 0 and ``policy/kl_ref`` is null)."""
@@ -146,7 +149,9 @@ def build(cls: type, data: Any, path: str = "") -> Any:
     unknown = [k for k in data if k not in valid]
     if unknown:
         where = f" in {path}" if path else ""
-        raise ConfigError(f"unknown key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}{where}; "
+        close = difflib.get_close_matches(str(unknown[0]), valid, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"unknown key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}{where}{hint}; "
                           f"valid keys: {', '.join(valid)}")
     kwargs = {}
     for f in fields(cls):
@@ -228,18 +233,6 @@ def to_dict(cfg: Any) -> Any:
 # ------------------------------------------------------------------------------------------------
 # Recipes and overrides
 
-RECIPES_DIR = Path(__file__).resolve().parent.parent / "configs"
-
-
-def recipes_dir() -> Path:
-    """The recipes folder: ``configs/`` of a source checkout, or the copy installed as ``mmrl.configs``."""
-    if RECIPES_DIR.is_dir():
-        return RECIPES_DIR
-    from importlib import resources
-
-    return Path(str(resources.files("mmrl.configs")))
-
-
 def list_recipes() -> list[str]:
     root = recipes_dir()
     return sorted(str(p.relative_to(root).with_suffix("")) for p in root.glob("*/*.yaml")
@@ -251,13 +244,12 @@ def resolve_recipe(recipe: str) -> Path:
     path = Path(recipe)
     if path.is_file():
         return path
-    named = recipes_dir() / (recipe if recipe.endswith(".yaml") else f"{recipe}.yaml")
+    name = recipe.removesuffix(".yaml").removeprefix("configs/")
+    named = recipes_dir() / f"{name}.yaml"
     if named.is_file():
         return named
-    import difflib
-
     names = list_recipes()
-    close = difflib.get_close_matches(recipe.removesuffix(".yaml").removeprefix("configs/"), names, n=3)
+    close = difflib.get_close_matches(name, names, n=3)
     hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
     raise ConfigError(f"no recipe {recipe!r}: not a file, and not a recipe name.{hint} "
                       f"Recipes: {', '.join(names)}")
@@ -305,15 +297,15 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     from mmrl.registry import POLICIES, TASKS, load_builtins
 
     load_builtins()
-    task_spec, policy_spec = TASKS.get(cfg.task.name), POLICIES.get(cfg.policy.name)
+    task_spec, policy_spec = _lookup(TASKS, cfg.task.name), _lookup(POLICIES, cfg.policy.name)
     task_args = _component_args(task_spec.config, cfg.task.args, "task.args")
     policy_args = _component_args(policy_spec.config, cfg.policy.args, "policy.args")
     a = cfg.algo
     for registry, name in ((ADVANTAGE_ESTIMATORS, a.advantage), (POLICY_LOSSES, a.policy_loss),
                            (AGGREGATIONS, a.loss_agg), (KL_ESTIMATORS, a.kl_estimator)):
-        _check_name(registry, name)
+        _lookup(registry, name)
     for hook in a.shaping:
-        _check_name(SHAPING_HOOKS, hook)
+        _lookup(SHAPING_HOOKS, hook)
     problems = []
     if a.kl_coef > 0 and cfg.trainer.ref_model == "none":
         problems.append("algo.kl_coef > 0 needs trainer.ref_model: copy")
@@ -349,11 +341,11 @@ def _component_args(config_cls: type, args: Any, path: str) -> Any:
     return build(config_cls, args or {}, path)
 
 
-def _check_name(registry: Any, name: str) -> None:
+def _lookup(registry: Any, name: str) -> Any:
     from mmrl.registry import UnknownNameError
 
     try:
-        registry.get(name)
+        return registry.get(name)
     except UnknownNameError as err:
         raise ConfigError(str(err)) from None
 

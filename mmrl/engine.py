@@ -9,6 +9,7 @@ use ``ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2`` 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 
 import torch
@@ -17,8 +18,15 @@ from torch import Tensor
 
 
 class Engine:
-    def __init__(self, mixed_precision: str = "no"):
+    def __init__(self, mixed_precision: str | None = None):
+        """``mixed_precision`` None leaves the choice to the launch config / environment."""
         self.accelerator = Accelerator(mixed_precision=mixed_precision)
+        launched = int(os.environ.get("WORLD_SIZE", "1"))
+        if launched > 1 and self.accelerator.num_processes == 1:
+            # e.g. a MULTI_GPU launch config on a machine without GPUs: every process would train
+            # alone and write the same run folder.
+            raise RuntimeError(f"launched with WORLD_SIZE={launched} but accelerate sees one process; on CPU "
+                               f"set ACCELERATE_USE_CPU=true (see configs/accelerate/cpu_2proc.yaml)")
 
     @property
     def rank(self) -> int:
@@ -50,15 +58,24 @@ class Engine:
 
     @contextlib.contextmanager
     def no_sync(self, model: torch.nn.Module, skip_sync: bool) -> Iterator[None]:
-        """Skip the gradient all-reduce for all but the last micro-batch of a minibatch."""
-        if skip_sync and self.world_size > 1:
-            with self.accelerator.no_sync(model):
-                yield
-        else:
-            yield
+        """Skip the gradient all-reduce for all but the last micro-batch of a minibatch.
 
-    def clip_grad_norm(self, params, max_norm: float) -> Tensor:
-        return self.accelerator.clip_grad_norm_(params, max_norm)
+        The accumulation state is also what DeepSpeed's engine reads to decide when to step.
+        """
+        self.accelerator.gradient_state._set_sync_gradients(not skip_sync)
+        try:
+            if skip_sync and self.world_size > 1:
+                with self.accelerator.no_sync(model):
+                    yield
+            else:
+                yield
+        finally:
+            self.accelerator.gradient_state._set_sync_gradients(True)
+
+    def clip_grad_norm(self, params, max_norm: float) -> float:
+        """Global gradient norm before clipping (NaN when the backend does not report it)."""
+        norm = self.accelerator.clip_grad_norm_(params, max_norm)
+        return float("nan") if norm is None else float(norm)
 
     def sum(self, value: float | Tensor) -> float:
         """Sum of a scalar over processes."""

@@ -80,6 +80,13 @@ def read_metrics(out: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def _step_of(line: str) -> float:
+    try:
+        return json.loads(line)["step"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        return float("inf")
+
+
 def truncate_metrics(out: Path, last_step: int) -> int:
     """Keep rows with ``step <= last_step`` (a resumed run re-computes the rest); the removed rows
     are appended to ``metrics.discarded.jsonl``, never thrown away. Returns how many moved."""
@@ -87,8 +94,8 @@ def truncate_metrics(out: Path, last_step: int) -> int:
     if not path.is_file():
         return 0
     lines = [line for line in path.read_text().splitlines() if line.strip()]
-    keep = [line for line in lines if json.loads(line)["step"] <= last_step]
-    dropped = lines[len(keep):] if keep == lines[:len(keep)] else [ln for ln in lines if ln not in keep]
+    keep = [line for line in lines if _step_of(line) <= last_step]  # a torn line has no step: moved
+    dropped = [line for line in lines if _step_of(line) > last_step]
     if dropped:
         with (out / "metrics.discarded.jsonl").open("a") as f:
             f.write("\n".join(dropped) + "\n")

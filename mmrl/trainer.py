@@ -82,6 +82,7 @@ class Trainer:
                                                                                        t.lr_schedule))
         # The scheduler is not passed through accelerate (its wrapper steps once per process);
         # it is checkpointed with the rest of the state instead.
+        policy.zero_grad(set_to_none=True)
         self.model, self.optimizer = self.engine.prepare(policy, optimizer)
         self.scheduler = scheduler
         self.engine.accelerator.register_for_checkpointing(scheduler)
@@ -240,7 +241,9 @@ class Trainer:
 
         Each minibatch holds whole groups; its loss uses the token / sequence counts of the
         *global* minibatch (all processes, all micro-batches), so the update does not depend on
-        the micro-batch size or the number of processes.
+        the micro-batch size, nor (for one minibatch per pass) on the number of processes. With
+        several minibatches each process shuffles its own groups, so which groups share a
+        minibatch depends on the number of processes, as with any data-parallel sharding.
         """
         cfg, eng, a = self.cfg, self.engine, self.cfg.algo
         logp_old, extra = rollout.logp, {}
@@ -321,7 +324,7 @@ class Trainer:
 
     def optimizer_step(self) -> float:
         """Clip, then step, unless the gradient is not finite: then skip and count it."""
-        norm = float(self.engine.clip_grad_norm(self.model.parameters(), self.cfg.trainer.grad_clip))
+        norm = self.engine.clip_grad_norm(self.model.parameters(), self.cfg.trainer.grad_clip)
         if math.isfinite(norm):
             self.optimizer.step()
             self.scheduler.step()
@@ -368,7 +371,7 @@ class Trainer:
         state = ckpt.read_state(path)
         if state["config_fingerprint"] != ckpt.config_fingerprint(self.cfg):
             raise ConfigError(f"{path} was written with a different config (only "
-                              f"{sorted('.'.join(k) for k in ckpt.RESUMABLE_CHANGES)} may change on resume); "
+                              f"{sorted('.'.join(k) for k in ckpt.resumable_changes(self.cfg))} may change on resume); "
                               f"compare with {self.out / 'config.yaml'}")
         self.engine.accelerator.load_state(str(path))
         self.step, self.skipped_updates = state["step"], state["skipped_updates"]

@@ -69,4 +69,5 @@ def sft(policy: Policy, cfg: TrainConfig) -> list[float]:
         optimizer.step()
         losses.append(loss.item())
         bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
+    optimizer.zero_grad(set_to_none=True)  # no stale gradients may reach the RL optimizer
     return losses

@@ -19,6 +19,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedTokenizerFast
 
 from mmrl.contracts import Policy, PolicyOutput
+from mmrl.paths import resolve_asset
 from mmrl.policies.tokens import (TokenPayload, completion_mask_from_eos, positions_from_mask,
                                   token_logprobs)
 from mmrl.rollout import Rollout, SamplingParams
@@ -53,15 +54,15 @@ def char_tokenizer(chars: str) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS, padding_side="left")
 
 
-def resolve_asset(path: str) -> Path:
-    """A path as given, or relative to the repository / installed package root."""
-    candidate = Path(path)
-    if candidate.exists():
-        return candidate
-    root = Path(__file__).resolve().parents[2]
-    if (root / path).exists():
-        return root / path
-    raise FileNotFoundError(f"{path} not found (looked in the working directory and {root})")
+def load_tokenizer(path: Path) -> PreTrainedTokenizerFast:
+    """The tokenizer a folder declares. ``AutoTokenizer`` swaps a declared generic fast tokenizer
+    for the model type's own class (Qwen2Tokenizer adds ``<|endoftext|>``, growing a character
+    vocabulary past the embedding), so a generic declaration is loaded as such."""
+    config_file = path / "tokenizer_config.json"
+    declared = json.loads(config_file.read_text()).get("tokenizer_class") if config_file.is_file() else None
+    if declared in ("TokenizersBackend", "PreTrainedTokenizerFast"):
+        return PreTrainedTokenizerFast.from_pretrained(path)
+    return AutoTokenizer.from_pretrained(path)
 
 
 class CausalLMPolicy(Policy):
@@ -69,6 +70,9 @@ class CausalLMPolicy(Policy):
         super().__init__()
         if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer needs a pad and an eos token")
+        rows = model.get_input_embeddings().num_embeddings
+        if len(tokenizer) > rows:
+            raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but the model embeds only {rows}")
         self.model = model
         self.tokenizer = tokenizer
         tokenizer.padding_side = "left"
@@ -116,7 +120,7 @@ class CausalLMPolicy(Policy):
         path = Path(path)
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"{path} is not a Hugging Face model folder (no config.json)")
-        policy = cls(AutoModelForCausalLM.from_pretrained(path, dtype=dtype), AutoTokenizer.from_pretrained(path),
+        policy = cls(AutoModelForCausalLM.from_pretrained(path, dtype=dtype), load_tokenizer(path),
                      value_head=value_head)
         if value_head and (path / VALUE_HEAD_FILE).is_file():
             policy.value_head.load_state_dict(load_file(path / VALUE_HEAD_FILE))

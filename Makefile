@@ -1,0 +1,33 @@
+# The two commands of the README, and their set-up. Everything runs in ./.venv.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+# torch and torchvision are installed first, as a pair (they install from local disk on our
+# machines; an unpinned torch would pull a multi-GB build from elsewhere).
+TORCH  := torch==2.14.1 torchvision==0.29.1
+# Two workers on two cores: one math thread each, or torch oversubscribes the CPU many times over.
+PYTEST := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile
+
+.PHONY: demo test test-all install clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q $(TORCH)
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+# The main job on the embedded default: SFT warm start, then GRPO; prints the held-out reward
+# before and after and writes runs/demo/curves.png.
+demo: install
+	$(VENV)/bin/mmrl train configs/sanity/tiny_cpu.yaml --out runs/demo --overwrite
+
+# The test suite without the slow learning runs (`make test-all` runs those too).
+test: install
+	$(PYTEST) -m "not slow and not gpu"
+
+test-all: install
+	$(PYTEST) -m "not gpu"
+
+clean:
+	rm -rf runs build dist *.egg-info

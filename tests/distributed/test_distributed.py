@@ -1,0 +1,119 @@
+"""Multi-process training on CPU (2 processes, gloo) through ``accelerate launch``.
+
+Runs subprocesses; about a minute in all on 2 CPU cores. Note that ``accelerate launch --cpu
+--num_processes 2`` silently runs ONE process: these tests use ``ACCELERATE_USE_CPU=true`` with
+``--multi_gpu`` (or configs/accelerate/cpu_2proc.yaml) and check the world size the workers saw.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = Path(__file__).resolve().parent / "update_equivalence.py"
+ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch"]
+LR = 3e-4  # trainer.lr of configs/sanity/tiny_cpu.yaml
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def env_for(tmp_path: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(MMRL_CACHE=str(tmp_path / "cache"), ACCELERATE_USE_CPU="true", TOKENIZERS_PARALLELISM="false",
+               HF_HUB_OFFLINE="1")
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    return env
+
+
+def run(cmd: list[str], env: dict[str, str], timeout: int = 180) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    return proc
+
+
+def launch_two(port: int) -> list[str]:
+    return [*ACCELERATE, "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+            "--dynamo_backend", "no", "--main_process_port", str(port)]
+
+
+def test_two_process_update_equals_one_process(tmp_path):
+    env = env_for(tmp_path)
+    # ppo_epochs 2: two optimizer steps (the second off-policy: ratio ≠ 1, KL to the reference ≠ 0);
+    # micro-batches 3 and 5 split groups, and 5 < 16 rows per process exercises DDP's no_sync.
+    common = ["--ppo-epochs", "2", "algo.kl_coef=0.05", "algo.entropy_coef=0.01", "trainer.ref_model=copy",
+              "trainer.warmup_steps=3"]
+    run([sys.executable, str(SCRIPT), "--out", str(tmp_path / "one"), "--result", str(tmp_path / "one.pt"),
+         "--micro-batch-size", "3", *common], env)
+    run([*launch_two(free_port()), str(SCRIPT), "--out", str(tmp_path / "two"), "--result", str(tmp_path / "two.pt"),
+         "--micro-batch-size", "5", *common], env)
+    one = torch.load(tmp_path / "one.pt", weights_only=False)
+    two = torch.load(tmp_path / "two.pt", weights_only=False)
+
+    assert one["world_size"] == 1 and two["world_size"] == 2
+    assert two["rows_per_rank"] * 2 == two["global_rows"] == one["rows_per_rank"]
+    assert one["outputs"] == two["outputs"]  # the same global batch
+    assert two["max_rank_param_diff"] == 0.0  # DDP kept the replicas identical
+    assert one["outcome"].std() > 0  # some reward signal, so the update is not zero
+
+    # The gradients each optimizer step applies agree to float rounding.
+    assert len(one["grads"]) == len(two["grads"]) == 2
+    for step, (g1, g2) in enumerate(zip(one["grads"], two["grads"])):
+        assert g1.keys() == g2.keys()
+        for name in g1:
+            torch.testing.assert_close(g2[name], g1[name], atol=1e-7, rtol=1e-5, msg=lambda m: f"step {step} {name}: {m}")
+
+    # Parameters: Adam's first step lr·g/(|g|+eps) turns rounding noise in gradients of size ~eps
+    # (1e-8) into differences up to ~1e-6, so the tolerance is 1% of the learning rate.
+    changed = 0.0
+    for name, p1 in one["params"].items():
+        torch.testing.assert_close(two["params"][name], p1, atol=0.01 * LR, rtol=1e-5, msg=lambda m: f"{name}: {m}")
+        changed = max(changed, float((p1 - one["initial"][name]).abs().max()))
+        assert torch.equal(one["initial"][name], two["initial"][name])
+    assert changed > 0.5 * LR, f"the update barely moved the parameters ({changed})"
+    flat = lambda r: torch.cat([v.flatten() for v in r["params"].values()])  # noqa: E731
+    assert float((flat(one) - flat(two)).abs().mean()) < 1e-8
+
+    m1, m2 = one["metrics"], two["metrics"]
+    assert m1.keys() == m2.keys()
+    for key, value in m1.items():
+        if isinstance(value, float):
+            assert m2[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
+        else:
+            assert m2[key] == value, key
+    assert m1["policy/version"] == 2 and m1["loss/kl"] > 0 and m1["policy/grad_norm"] > 0
+
+
+def test_two_process_training_runs(tmp_path):
+    env = env_for(tmp_path)
+    out = tmp_path / "run"
+    # The config-file route; it needs ACCELERATE_USE_CPU=true (set in env) to really start 2 workers.
+    cmd = [*ACCELERATE, "--config_file", str(ROOT / "configs/accelerate/cpu_2proc.yaml"),
+           "--main_process_port", str(free_port()), "-m", "mmrl.cli", "train", "configs/sanity/tiny_cpu.yaml",
+           "trainer.steps=3", "rollout.prompts_per_step=8", "rollout.group_size=4", "warm_start.sft_steps=5",
+           "eval.num_examples=8", "checkpoint.every=2", "log.progress=false", "log.tensorboard=false",
+           "--out", str(out), "--no-plot"]
+    run(cmd, env)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]  # one row per step: only the main process logs
+    for row in rows[1:]:
+        assert 0.0 <= row["reward/mean"] <= 1.0
+        assert row["policy/version"] == 4 * row["step"]  # ppo_epochs 2 × minibatches 2 per step
+    assert "eval/reward_mean" in rows[0] and "eval/reward_mean" in rows[-1]
+    for step in (2, 3):
+        ckpt = out / "checkpoints" / f"step_{step}"
+        assert (ckpt / "trainer_state.json").is_file() and (ckpt / "policy" / "config.json").is_file()
+        # accelerate saves one RNG state per process: proof that two processes ran.
+        assert sorted(p.name for p in ckpt.glob("random_states_*.pkl")) == ["random_states_0.pkl",
+                                                                           "random_states_1.pkl"]
