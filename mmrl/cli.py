@@ -62,9 +62,27 @@ def run_train(args: argparse.Namespace) -> Path:
     trainer = Trainer(cfg, args.out, resume=args.resume, overwrite=args.overwrite)
     is_main = trainer.engine.is_main
     trainer.train()
-    if is_main and not args.no_plot:
-        print(f"curves: {plot_run(args.out)}")
+    if is_main:
+        print(summarize(Path(args.out)))
+        if not args.no_plot:
+            print(f"curves: {plot_run(args.out)}")
     return Path(args.out)
+
+
+def summarize(out: Path) -> str:
+    """First and last held-out evaluation of a run, metric by metric."""
+    from mmrl.logging import read_metrics
+
+    evals = [r for r in read_metrics(out) if "eval/reward_mean" in r]
+    if not evals:
+        return f"{out}: no evaluation logged"
+    first, last = evals[0], evals[-1]
+    lines = [f"held-out evaluation, step {first['step']} -> step {last['step']}:"]
+    for key in (k for k in last if k.startswith("eval/")):
+        before, after = first.get(key), last[key]
+        show = lambda v: "null" if v is None else f"{v:.3f}"  # noqa: E731
+        lines.append(f"  {key:<24} {show(before)} -> {show(after)}")
+    return "\n".join(lines)
 
 
 def list_components() -> str:

@@ -74,9 +74,10 @@ class TrainerConfig:
     mixed_precision: Literal["no", "bf16", "fp16"] | None = None
     """accelerate mixed precision for the re-scoring forward; null leaves it to the
     ``accelerate launch`` config (``no`` when run without one)."""
-    ref_model: Literal["copy", "none"] = "copy"
+    ref_model: Literal["copy", "adapter_disabled", "none"] = "copy"
     """Reference policy for the KL term and ``policy/kl_ref``: a frozen copy of the initial
-    policy, or none (then ``algo.kl_coef`` must be 0 and ``policy/kl_ref`` is null)."""
+    policy; the policy itself with its LoRA adapters disabled (no second copy in memory); or
+    none (then ``algo.kl_coef`` must be 0 and ``policy/kl_ref`` is null)."""
     recompute_logp_old: bool = False
     """Re-compute π_old with the trainer's forward before the update (needed for truncated IS
     when a rollout engine such as vLLM samples); logs ``rollout/logp_diff``."""
@@ -311,6 +312,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         problems.append("algo.kl_coef > 0 needs trainer.ref_model: copy")
     if a.kl_in_reward_coef > 0 and cfg.trainer.ref_model == "none":
         problems.append("algo.kl_in_reward_coef > 0 needs trainer.ref_model: copy")
+    if cfg.trainer.ref_model == "adapter_disabled" and cfg.warm_start.sft_steps > 0:
+        problems.append("trainer.ref_model: adapter_disabled would make the pre-warm-start base the reference; "
+                        "use trainer.ref_model: copy with a warm start")
     if a.tis_cap is not None and not cfg.trainer.recompute_logp_old:
         problems.append("algo.tis_cap needs trainer.recompute_logp_old: true (else π_old is the behaviour policy)")
     if a.dynamic_sampling and cfg.rollout.group_size < 2:

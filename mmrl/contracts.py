@@ -7,6 +7,7 @@ turns examples into a :class:`~mmrl.rollout.Rollout` and re-scores it. The train
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from contextlib import AbstractContextManager
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -98,6 +99,11 @@ class Policy(nn.Module, ABC):
     @abstractmethod
     def load_weights(self, path: str) -> None:
         """Load weights saved by :meth:`save_pretrained` into this policy (same architecture)."""
+
+    def adapter_disabled(self) -> AbstractContextManager:
+        """A context in which the policy runs without its trainable adapters (LoRA): the base
+        model, usable as the reference without a second copy in memory."""
+        raise TypeError(f"{type(self).__name__} has no adapters: use trainer.ref_model: copy")
 
     def sft_loss(self, examples: Sequence[Any], targets: Sequence[Any]) -> Tensor:
         """Mean negative log-likelihood of ``targets`` given ``examples`` (supervised warm start).

@@ -9,12 +9,24 @@ use ``ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2`` 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Iterator
 
 import torch
 from accelerate import Accelerator
 from torch import Tensor
+
+
+class _TiedWeightsNotice(logging.Filter):
+    """accelerate warns on every checkpoint of a model with tied embeddings (ours: tiny LMs);
+    saving them once is what safetensors requires, and reloading restores the tie."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Removed shared tensor" not in record.getMessage()
+
+
+logging.getLogger("accelerate.utils.other").addFilter(_TiedWeightsNotice())
 
 
 class Engine:

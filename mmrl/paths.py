@@ -3,16 +3,16 @@ installed inside the package as ``mmrl.configs`` and ``mmrl.assets``."""
 
 from __future__ import annotations
 
-from importlib import resources
 from pathlib import Path
 
-_CHECKOUT = Path(__file__).resolve().parent.parent
+_PACKAGE = Path(__file__).resolve().parent
+_CHECKOUT = _PACKAGE.parent
 
 
 def _folder(name: str) -> Path:
     if (_CHECKOUT / name).is_dir() and (_CHECKOUT / "pyproject.toml").is_file():
         return _CHECKOUT / name
-    return Path(str(resources.files(f"mmrl.{name}")))
+    return _PACKAGE / name  # installed from a wheel: mmrl/configs, mmrl/assets
 
 
 def recipes_dir() -> Path:

@@ -76,7 +76,11 @@ class Trainer:
         self.task = make_task(cfg.task.name, cfg.task.args)
         policy = build_initial_policy(cfg, self.engine.is_main, self.engine.wait).to(self.engine.device)
         self.ref = copy.deepcopy(policy).eval().requires_grad_(False) if t.ref_model == "copy" else None
-        optimizer = torch.optim.AdamW(policy.parameters(), lr=t.lr, weight_decay=t.weight_decay)
+        if t.ref_model == "adapter_disabled":
+            with policy.adapter_disabled():  # fails now, clearly, for a policy without adapters
+                pass
+        trainable = [p for p in policy.parameters() if p.requires_grad]  # LoRA: the adapters only
+        optimizer = torch.optim.AdamW(trainable, lr=t.lr, weight_decay=t.weight_decay)
         updates = t.steps * t.ppo_epochs * t.minibatches
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: lr_factor(i, t.warmup_steps, updates,
                                                                                        t.lr_schedule))
@@ -213,7 +217,7 @@ class Trainer:
     def advantages(self, batch: Batch) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """Estimator then shaping hooks; also the reference log-probs (for KL) when kept."""
         a, rollout = self.cfg.algo, batch.rollout
-        ref_logp = self.forward_no_grad(self.ref, rollout) if self.ref is not None else None
+        ref_logp = self.reference_logp(rollout)
         kl = (rollout.logp - ref_logp) * rollout.mask if ref_logp is not None else None
         inputs = AdvantageInputs(rewards=batch.rewards, mask=rollout.mask, group_id=rollout.group_id,
                                  step_rewards=rollout.step_rewards, values=rollout.values, dones=rollout.dones, kl=kl)
@@ -223,6 +227,15 @@ class Trainer:
         for hook in a.shaping:
             advantages = SHAPING_HOOKS.get(hook)(advantages, ctx, a)
         return advantages, returns, ref_logp
+
+    def reference_logp(self, rollout: Rollout) -> Tensor | None:
+        mode = self.cfg.trainer.ref_model
+        if mode == "copy":
+            return self.forward_no_grad(self.ref, rollout)
+        if mode == "adapter_disabled":
+            with self.policy.adapter_disabled():
+                return self.forward_no_grad(self.policy, rollout)
+        return None
 
     @torch.no_grad()
     def forward_no_grad(self, model: Policy, rollout: Rollout) -> Tensor:
@@ -282,7 +295,7 @@ class Trainer:
         metrics = {key: (eng.sum(v) / updates if key.startswith("loss/") else
                          v / updates if key == "policy/grad_norm" else eng.sum(v) / total_tokens)
                    for key, v in sums.items()}
-        if self.ref is None:
+        if ref_logp is None:
             metrics["policy/kl_ref"] = None
         return metrics | extra | {"train/lr": self.scheduler.get_last_lr()[0],
                                   "train/skipped_updates": self.skipped_updates, "policy/version": self.policy.version}

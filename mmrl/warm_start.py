@@ -57,7 +57,7 @@ def sft(policy: Policy, cfg: TrainConfig) -> list[float]:
     task = make_task(cfg.task.name, cfg.task.args)
     ws = cfg.warm_start
     rng = np.random.default_rng(ws.seed)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=ws.lr)
+    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=ws.lr)
     losses = []
     policy.train()
     bar = tqdm(range(ws.sft_steps), desc="warm start (SFT)", disable=not cfg.log.progress, dynamic_ncols=True)

@@ -156,3 +156,28 @@ def test_dynamic_sampling_keeps_informative_groups(tmp_path):
     assert informative(batch) > informative(base)
     assert batch.stats["rollout/gen_rounds"] > 1 and batch.stats["rollout/dropped_groups"] >= 16 - informative(base)
     assert math.isclose(batch.stats["reward/mean"], float(batch.outcome.mean()), rel_tol=1e-6)
+
+
+def test_lora_with_the_adapter_free_base_as_reference(tmp_path):
+    rows = run(tmp_path / "run", *SHORT, "warm_start.sft_steps=0", "policy.args.lora_rank=4",
+               "trainer.ref_model=adapter_disabled", "algo.kl_coef=0.05", "trainer.lr=1e-2")
+    kl = [r["policy/kl_ref"] for r in rows[1:]]
+    assert all(k is not None and k >= 0 for k in kl) and kl[-1] > 0  # the adapters moved away from the base
+
+
+def test_adapter_reference_without_adapters_fails_early(tmp_path):
+    cfg = load_config("sanity/tiny_cpu", [*QUIET, *SHORT, "warm_start.sft_steps=0", "trainer.ref_model=adapter_disabled"])
+    with pytest.raises(TypeError, match="has no adapters"):
+        Trainer(cfg, tmp_path / "run")
+
+
+def test_recomputed_old_logprobs_and_truncated_is(tmp_path):
+    rows = run(tmp_path / "run", *SHORT, "trainer.recompute_logp_old=true", "algo.tis_cap=2.0")
+    # HF sampling and the trainer's forward share weights: the behaviour/old mismatch is rounding only.
+    assert all(r["rollout/logp_diff"] < 1e-5 for r in rows[1:])
+
+
+def test_overlong_shaping_is_logged_apart_from_the_verifiable_reward(tmp_path):
+    rows = run(tmp_path / "run", *SHORT, "algo.overlong_max_len=4", "algo.overlong_buffer=2")
+    for r in rows[1:]:
+        assert r["reward/shaped_mean"] < r["reward/mean"]  # answers of 4-5 tokens (+EOS) are penalised

@@ -41,6 +41,14 @@ class CausalLMConfig:
     dtype: Literal["float32", "bfloat16"] = "float32"
     value_head: bool = False
     """Add a linear critic on the last hidden state (PPO with GAE); saved as value_head.safetensors."""
+    lora_rank: int = 0
+    """> 0: train LoRA adapters (peft) of this rank instead of all weights (Hu et al. 2021); the
+    base with adapters disabled can then serve as the reference (trainer.ref_model: adapter_disabled)."""
+    lora_alpha: float = 16.0
+    """LoRA scaling α (the update is scaled by α / rank)."""
+    lora_dropout: float = 0.0
+    lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    """Module names that get adapters (Qwen / Llama attention projections by default)."""
 
 
 def char_tokenizer(chars: str) -> PreTrainedTokenizerFast:
@@ -86,6 +94,7 @@ class CausalLMPolicy(Policy):
         # repetition penalty, ...) would otherwise change the sampling distribution silently.
         self.model.generation_config = GenerationConfig(
             pad_token_id=self.pad_id, eos_token_id=self.eos_ids, bos_token_id=tokenizer.bos_token_id)
+        self.lora = False
         self.value_head = None
         if value_head:
             # V(s_t) from the hidden state that predicts token t; zero-initialised so the critic
@@ -101,18 +110,38 @@ class CausalLMPolicy(Policy):
         if cfg.pretrained is not None:
             if cfg.model_config or cfg.tokenizer_chars:
                 raise ValueError("policy.args: give either pretrained or model_config + tokenizer_chars")
-            return cls.from_pretrained(cfg.pretrained, dtype=dtype, value_head=cfg.value_head)
-        if not (cfg.model_config and cfg.tokenizer_chars):
+            policy = cls.from_pretrained(cfg.pretrained, dtype=dtype, value_head=cfg.value_head)
+        elif not (cfg.model_config and cfg.tokenizer_chars):
             raise ValueError("policy.args needs pretrained, or both model_config and tokenizer_chars")
-        tokenizer = char_tokenizer(cfg.tokenizer_chars)
-        config_data = json.loads(resolve_asset(cfg.model_config).read_text())
-        config_data.update(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
-                           eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id)
-        config = AutoConfig.for_model(**config_data)
+        else:
+            tokenizer = char_tokenizer(cfg.tokenizer_chars)
+            config_data = json.loads(resolve_asset(cfg.model_config).read_text())
+            config_data.update(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+                               eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id)
+            config = AutoConfig.for_model(**config_data)
+            with torch.random.fork_rng():
+                torch.manual_seed(cfg.init_seed)
+                policy = cls(AutoModelForCausalLM.from_config(config, dtype=dtype), tokenizer,
+                             value_head=cfg.value_head)
+        if cfg.lora_rank > 0:
+            policy.add_lora(cfg)
+        return policy
+
+    def add_lora(self, cfg: CausalLMConfig) -> None:
+        """Freeze the base weights and train LoRA adapters (zero-initialised B: the policy is unchanged)."""
+        from peft import LoraConfig, get_peft_model
+
+        lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                          target_modules=list(cfg.lora_target_modules), task_type="CAUSAL_LM")
         with torch.random.fork_rng():
             torch.manual_seed(cfg.init_seed)
-            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-            return cls(model, tokenizer, value_head=cfg.value_head)
+            self.model = get_peft_model(self.model, lora)
+        self.lora = True
+
+    def adapter_disabled(self):
+        if not self.lora:
+            return super().adapter_disabled()
+        return self.model.disable_adapter()
 
     @classmethod
     def from_pretrained(cls, path: str | Path, dtype: torch.dtype = torch.float32,
@@ -133,8 +162,13 @@ class CausalLMPolicy(Policy):
             save_file(self.value_head.state_dict(), Path(path) / VALUE_HEAD_FILE)
 
     def load_weights(self, path: str) -> None:
-        loaded = type(self.model).from_pretrained(path, dtype=next(self.model.parameters()).dtype)
-        self.model.load_state_dict(loaded.state_dict())
+        if self.lora:  # the folder holds a peft adapter
+            from peft import set_peft_model_state_dict
+
+            set_peft_model_state_dict(self.model, load_file(Path(path) / "adapter_model.safetensors"))
+        else:
+            loaded = type(self.model).from_pretrained(path, dtype=next(self.model.parameters()).dtype)
+            self.model.load_state_dict(loaded.state_dict())
         if self.value_head is not None and (Path(path) / VALUE_HEAD_FILE).is_file():
             self.value_head.load_state_dict(load_file(Path(path) / VALUE_HEAD_FILE))
 

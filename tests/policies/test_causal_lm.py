@@ -137,3 +137,30 @@ def test_pretrained_folder_errors(tmp_path):
         CausalLMPolicy.from_pretrained(tmp_path)
     with pytest.raises(ValueError, match="either pretrained or model_config"):
         tiny_policy(pretrained=str(tmp_path))
+
+
+def test_lora_trains_adapters_only_and_disabling_them_gives_the_base(tmp_path, examples):
+    policy = tiny_policy(lora_rank=4)
+    trainable = [n for n, p in policy.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    rollout = policy.rollout(examples, 2, SamplingParams(max_new_tokens=6), seed=0)
+    with torch.no_grad(), policy.adapter_disabled():
+        base = policy(rollout).logp
+    assert torch.equal(policy(rollout).logp, base)  # B = 0: adapters start as the identity
+    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=1e-2)
+    (-policy(rollout).logp.sum()).backward()
+    optimizer.step()
+    tuned = policy(rollout).logp.detach()
+    with torch.no_grad(), policy.adapter_disabled():
+        assert torch.equal(policy(rollout).logp, base)  # the base is untouched
+    assert (tuned - base).abs().max() > 1e-4
+    policy.save_pretrained(str(tmp_path))
+    assert (tmp_path / "adapter_model.safetensors").is_file()
+    again = tiny_policy(lora_rank=4)
+    again.load_weights(str(tmp_path))
+    assert torch.allclose(again(rollout).logp, tuned, atol=1e-6)
+
+
+def test_adapter_reference_needs_adapters():
+    with pytest.raises(TypeError, match="has no adapters: use trainer.ref_model: copy"):
+        tiny_policy().adapter_disabled()
