@@ -84,10 +84,10 @@ class Trainer:
         updates = t.steps * t.ppo_epochs * t.minibatches
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: lr_factor(i, t.warmup_steps, updates,
                                                                                        t.lr_schedule))
-        # The scheduler is not passed through accelerate (its wrapper steps once per process);
-        # it is checkpointed with the rest of the state instead.
         policy.zero_grad(set_to_none=True)
         self.model, self.optimizer = self.engine.prepare(policy, optimizer)
+        # The scheduler is not passed through accelerate (its wrapper steps once per process);
+        # it is checkpointed with the rest of the state instead.
         self.scheduler = scheduler
         self.engine.accelerator.register_for_checkpointing(scheduler)
         self.policy: Policy = self.engine.unwrap(self.model)
@@ -163,13 +163,17 @@ class Trainer:
             | stats
         return batch
 
-    def score(self, rollout: Rollout, examples: list[Any]) -> Batch:
+    def verify(self, rollout: Rollout, examples: list[Any]) -> list[RewardResult]:
         results = []
         for i, output in zip(rollout.example_index.tolist(), rollout.outputs):
             try:
                 results.append(self.task.reward(examples[i], output))
             except Exception as err:  # a reward must be total; say which task and output broke it
                 raise RuntimeError(f"{self.cfg.task.name}.reward raised on output {output!r}: {err}") from err
+        return results
+
+    def score(self, rollout: Rollout, examples: list[Any]) -> Batch:
+        results = self.verify(rollout, examples)
         outcome = torch.tensor([r.score for r in results], dtype=torch.float32)
         rewards = outcome.clone()
         a = self.cfg.algo
@@ -355,7 +359,7 @@ class Trainer:
         examples = self.eval_examples[eng.rank::eng.world_size]
         sampling = SamplingParams(cfg.eval.temperature, 1.0, cfg.rollout.max_new_tokens)
         rollout = self.policy.rollout(examples, 1, sampling, derive_seed(cfg.eval.seed, self.step, eng.rank))
-        results = [self.task.reward(examples[i], o) for i, o in zip(rollout.example_index.tolist(), rollout.outputs)]
+        results = self.verify(rollout, examples)
         n, total = len(results), eng.sum(len(results))
         metrics = {"reward_mean": float(np.mean([r.score for r in results]))}
         metrics |= self.task.metrics([examples[i] for i in rollout.example_index.tolist()], rollout.outputs, results)

@@ -181,3 +181,28 @@ def test_overlong_shaping_is_logged_apart_from_the_verifiable_reward(tmp_path):
     rows = run(tmp_path / "run", *SHORT, "algo.overlong_max_len=4", "algo.overlong_buffer=2")
     for r in rows[1:]:
         assert r["reward/shaped_mean"] < r["reward/mean"]  # answers of 4-5 tokens (+EOS) are penalised
+
+
+@pytest.mark.parametrize("overrides", [
+    ["algo.advantage=rloo", "algo.policy_loss=gspo", "algo.clip_low=3e-4", "algo.clip_high=4e-4",
+     "algo.loss_agg=seq-mean-token-mean"],
+    ["algo.advantage=reinforce_pp", "algo.kl_in_reward_coef=0.01", "algo.policy_loss=gspo_token"],
+    ["algo.advantage=grpo", "algo.norm_adv_by_std=false", "algo.loss_agg=seq-mean-token-sum-norm",
+     "algo.kl_coef=0.05", "algo.kl_estimator=k2"],
+    ["algo.advantage=returns", "algo.policy_loss=reinforce", "trainer.ppo_epochs=1", "algo.kl_coef=0.05",
+     "algo.kl_estimator=k1", "algo.entropy_coef=0.01", "algo.shaping=[adv_clip]", "algo.adv_clip=1.0"],
+    ["algo.dual_clip_c=3", "algo.loss_agg=seq-mean-token-sum", "algo.kl_coef=0.05", "algo.kl_estimator=k3",
+     "trainer.lr_schedule=cosine", "trainer.warmup_steps=2"],
+], ids=["rloo-gspo", "reinforcepp-gspotoken", "drgrpo", "reinforce", "dualclip-cosine"])
+def test_every_registered_axis_runs_through_the_trainer(tmp_path, overrides):
+    rows = run(tmp_path / "run", *SHORT, *overrides)
+    for row in rows[1:]:
+        assert math.isfinite(row["loss/policy"]) and math.isfinite(row["policy/grad_norm"])
+        assert row["train/skipped_updates"] == 0
+    assert rows[-1]["policy/version"] > 0
+
+
+def test_tensorboard_events_are_written(tmp_path):
+    out = tmp_path / "run"
+    train(load_config("sanity/tiny_cpu", ["log.progress=false", *SHORT]), out)
+    assert list((out / "tb").glob("events.out.tfevents.*"))

@@ -1,0 +1,61 @@
+"""The ``mmrl`` command line and the per-domain script share one implementation and report user
+errors in one line with exit code 2, before touching the run folder."""
+
+from __future__ import annotations
+
+import runpy
+import sys
+from pathlib import Path
+
+import pytest
+
+from mmrl.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+QUIET = ["log.progress=false", "log.tensorboard=false"]
+TINY = ["trainer.steps=2", "eval.num_examples=8", "rollout.prompts_per_step=4", "rollout.group_size=2",
+        "trainer.minibatches=1", "warm_start.sft_steps=5"]
+
+
+def test_list_shows_every_registry(capsys):
+    assert main(["list"]) == 0
+    text = capsys.readouterr().out
+    for name in ("sanity/reverse-v0", "causal_lm", "grpo", "rloo", "reinforce_pp", "gae", "ppo_clip", "gspo",
+                 "seq-mean-token-sum-norm", "low_var_kl", "adv_clip", "sanity/tiny_cpu", "sanity/ppo_tiny_cpu"):
+        assert f"  {name}\n" in text, name
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train", "sanity/nope"], "no recipe 'sanity/nope'"),
+    (["train", "sanity/tiny_cpu", "algo.advantage=grop"], "Did you mean 'grpo'"),
+    (["train", "sanity/tiny_cpu", "trainer.lr=abc"], "trainer.lr expects a number"),
+    (["train", "sanity/tiny_cpu", "--resume"], "no run there"),
+])
+def test_user_errors_exit_2_without_creating_the_run_folder(tmp_path, capsys, argv, message):
+    out = tmp_path / "run"
+    assert main([*argv, "--out", str(out)]) == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_overrides_may_follow_out_and_unknown_flags_are_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "sanity/tiny_cpu", "--out", str(tmp_path / "a"), "--bogus"])
+    assert "unrecognized arguments: --bogus" in capsys.readouterr().err
+    assert main(["train", "sanity/tiny_cpu", "--out", str(tmp_path / "b"), *QUIET, *TINY, "--no-plot"]) == 0
+    assert "held-out evaluation, step 0 -> step 2" in capsys.readouterr().out
+
+
+def test_domain_script_runs_the_same_training(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "run"
+    monkeypatch.setattr(sys, "argv", ["train_sanity.py", "--out", str(out), *QUIET, *TINY])
+    with pytest.raises(SystemExit) as exit_info:
+        runpy.run_path(str(ROOT / "scripts" / "train_sanity.py"), run_name="__main__")
+    assert exit_info.value.code == 0
+    assert (out / "metrics.jsonl").is_file() and (out / "curves.png").is_file()
+    assert "sanity/reverse-v0" in (out / "config.yaml").read_text()
+
+
+def test_plot_of_a_missing_run(tmp_path, capsys):
+    assert main(["plot", str(tmp_path)]) == 2
+    assert "metrics.jsonl not found" in capsys.readouterr().err
