@@ -49,11 +49,11 @@ def add_train_arguments(parser: argparse.ArgumentParser, default_recipe: str | N
 
 def run_train(args: argparse.Namespace) -> Path:
     """Shared by ``mmrl train`` and the per-domain scripts in ``scripts/``."""
+    import transformers
+
     from mmrl.config import load_config
     from mmrl.plotting import plot_run
     from mmrl.trainer import Trainer
-
-    import transformers
 
     transformers.utils.logging.disable_progress_bar()  # one progress bar: the trainer's
     if args.resume and args.overwrite:
