@@ -58,6 +58,9 @@ def prepare_out_dir(out: Path, resume: bool, overwrite: bool) -> None:
         if not overwrite:
             raise FileExistsError(f"{out} already holds files; pass --resume to continue that run or "
                                   f"--overwrite to replace it")
+        if not (out / "config.yaml").is_file():
+            raise FileExistsError(f"refusing to --overwrite {out}: it holds files but is not an mmrl run "
+                                  f"folder (no config.yaml)")
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -74,7 +77,7 @@ class Trainer:
             raise ConfigError(f"rollout.prompts_per_step ({cfg.rollout.prompts_per_step}) must be divisible by "
                               f"processes × trainer.minibatches ({world} × {t.minibatches})")
         self.task = make_task(cfg.task.name, cfg.task.args)
-        policy = build_initial_policy(cfg, self.engine.is_main, self.engine.wait).to(self.engine.device)
+        policy = build_initial_policy(cfg, self.engine.device, self.engine.is_main, self.engine.wait)
         self.ref = copy.deepcopy(policy).eval().requires_grad_(False) if t.ref_model == "copy" else None
         if t.ref_model == "adapter_disabled":
             with policy.adapter_disabled():  # fails now, clearly, for a policy without adapters

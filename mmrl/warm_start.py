@@ -32,10 +32,11 @@ def warm_start_path(cfg: TrainConfig) -> Path:
     return cache_root() / "warm_start" / hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-def build_initial_policy(cfg: TrainConfig, is_main: bool = True, wait=lambda: None) -> Policy:
-    """The policy RL starts from. With several processes the main one trains the warm start and
-    the others load it from the cache after ``wait()``."""
-    policy = make_policy(cfg.policy.name, cfg.policy.args)
+def build_initial_policy(cfg: TrainConfig, device: torch.device | str = "cpu", is_main: bool = True,
+                         wait=lambda: None) -> Policy:
+    """The policy RL starts from, on ``device``. With several processes the main one trains the
+    warm start and the others load it from the cache after ``wait()``."""
+    policy = make_policy(cfg.policy.name, cfg.policy.args).to(device)
     ws = cfg.warm_start
     if ws.sft_steps == 0:
         return policy

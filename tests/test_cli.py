@@ -59,3 +59,12 @@ def test_domain_script_runs_the_same_training(tmp_path, monkeypatch, capsys):
 def test_plot_of_a_missing_run(tmp_path, capsys):
     assert main(["plot", str(tmp_path)]) == 2
     assert "metrics.jsonl not found" in capsys.readouterr().err
+
+
+def test_overwrite_refuses_a_folder_that_is_not_a_run(tmp_path, capsys):
+    precious = tmp_path / "notes"
+    precious.mkdir()
+    (precious / "thesis.txt").write_text("years of work")
+    assert main(["train", "sanity/tiny_cpu", "--out", str(precious), "--overwrite", *QUIET, *TINY]) == 2
+    assert "not an mmrl run folder" in capsys.readouterr().err
+    assert (precious / "thesis.txt").read_text() == "years of work"

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -30,9 +31,16 @@ print("ok", cfg.task.name)
 
 
 def test_wheel_installs_into_a_fresh_venv_under_the_mmrl_namespace(tmp_path):
-    dist = tmp_path / "dist"
+    src, dist = tmp_path / "src", tmp_path / "dist"  # build from a copy: no build/ left in the checkout
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    src.mkdir()
+    for item in ("pyproject.toml", "README.md", "mmrl", "tasks", "envs", "configs", "assets"):
+        if (ROOT / item).is_dir():
+            shutil.copytree(ROOT / item, src / item, ignore=ignore)
+        else:
+            shutil.copy(ROOT / item, src / item)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist),
-                    str(ROOT)], check=True, capture_output=True)
+                    str(src)], check=True, capture_output=True)
     wheel = next(dist.glob("mmrl-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")} == {"mmrl"}

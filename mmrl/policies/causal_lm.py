@@ -185,7 +185,9 @@ class CausalLMPolicy(Policy):
         greedy = sampling.temperature == 0
         was_training = self.model.training
         self.model.eval()
-        with torch.random.fork_rng(devices=[]):  # generate draws from the global RNG: fork it
+        device = self.suppressed.device
+        # generate draws from the global RNG (CUDA's on a GPU): fork it, seed it, restore it.
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             torch.manual_seed(seed)
             out = self.model.generate(
                 input_ids=prompt_ids, attention_mask=prompt_mask, do_sample=not greedy,
