@@ -159,11 +159,13 @@ class Trainer:
             have = sum(len(b.examples) for b in kept)
             if not eng.any(have < per_rank) or rounds >= cfg.algo.max_gen_rounds:
                 break
-        batch = self.merge(kept + dropped, per_rank)
-        stats = {"rollout/gen_rounds": rounds, "rollout/dropped_groups": eng.sum(n_dropped)} \
-            if cfg.algo.dynamic_sampling else {}
-        batch.stats = self.reward_stats(batch) | {"rollout/len_mean": eng.mean(batch.rollout.lengths.float().mean())} \
-            | stats
+        if cfg.algo.dynamic_sampling:
+            batch = self.merge(kept + dropped, per_rank)
+            sampling_stats = {"rollout/gen_rounds": rounds, "rollout/dropped_groups": eng.sum(n_dropped)}
+        else:
+            batch, sampling_stats = kept[0], {}
+        batch.stats = (self.reward_stats(batch) | sampling_stats
+                       | {"rollout/len_mean": eng.mean(batch.rollout.lengths.float().mean())})
         return batch
 
     def verify(self, rollout: Rollout, examples: list[Any]) -> list[RewardResult]:
