@@ -309,9 +309,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         _lookup(SHAPING_HOOKS, hook)
     problems = []
     if a.kl_coef > 0 and cfg.trainer.ref_model == "none":
-        problems.append("algo.kl_coef > 0 needs trainer.ref_model: copy")
+        problems.append("algo.kl_coef > 0 needs a reference: trainer.ref_model: copy (or adapter_disabled)")
     if a.kl_in_reward_coef > 0 and cfg.trainer.ref_model == "none":
-        problems.append("algo.kl_in_reward_coef > 0 needs trainer.ref_model: copy")
+        problems.append("algo.kl_in_reward_coef > 0 needs a reference: trainer.ref_model: copy (or adapter_disabled)")
     if cfg.trainer.ref_model == "adapter_disabled" and cfg.warm_start.sft_steps > 0:
         problems.append("trainer.ref_model: adapter_disabled would make the pre-warm-start base the reference; "
                         "use trainer.ref_model: copy with a warm start")

@@ -84,10 +84,11 @@ class Engine:
         finally:
             self.accelerator.gradient_state._set_sync_gradients(True)
 
-    def clip_grad_norm(self, params, max_norm: float) -> float:
-        """Global gradient norm before clipping (NaN when the backend does not report it)."""
+    def clip_grad_norm(self, params, max_norm: float) -> float | None:
+        """Global gradient norm before clipping; None when the backend clips and checks the
+        gradients itself and reports no norm (DeepSpeed)."""
         norm = self.accelerator.clip_grad_norm_(params, max_norm)
-        return float("nan") if norm is None else float(norm)
+        return None if norm is None else float(norm)
 
     def sum(self, value: float | Tensor) -> float:
         """Sum of a scalar over processes."""

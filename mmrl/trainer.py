@@ -347,14 +347,14 @@ class Trainer:
     def optimizer_step(self) -> float:
         """Clip, then step, unless the gradient is not finite: then skip and count it."""
         norm = self.engine.clip_grad_norm(self.model.parameters(), self.cfg.trainer.grad_clip)
-        if math.isfinite(norm):
+        if norm is None or math.isfinite(norm):  # None: the backend guards the step itself
             self.optimizer.step()
             self.scheduler.step()
             self.policy.version += 1
         else:
             self.skipped_updates += 1
         self.optimizer.zero_grad(set_to_none=True)
-        return norm if math.isfinite(norm) else 0.0
+        return norm if norm is not None and math.isfinite(norm) else float("nan")
 
     # ------------------------------------------------------------------------------------------
     @torch.no_grad()

@@ -52,7 +52,7 @@ def test_bad_values_fail_with_a_clear_message(override, message):
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["algo.kl_coef=0.1", "trainer.ref_model=none"], "kl_coef > 0 needs trainer.ref_model: copy"),
+    (["algo.kl_coef=0.1", "trainer.ref_model=none"], "kl_coef > 0 needs a reference: trainer.ref_model: copy"),
     (["algo.tis_cap=2"], "tis_cap needs trainer.recompute_logp_old"),
     (["algo.dynamic_sampling=true", "rollout.group_size=1"], "dynamic_sampling needs rollout.group_size >= 2"),
     (["trainer.minibatches=3"], "must be divisible by trainer.minibatches"),
