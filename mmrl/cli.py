@@ -1,6 +1,7 @@
-"""``mmrl`` command line: train, list, plot.
+"""``mmrl`` command line: train, sft / bc, list, plot.
 
     mmrl train configs/sanity/tiny_cpu.yaml trainer.lr=1e-4 --out runs/x
+    mmrl sft sanity/tiny_cpu --out runs/sft warm_start.sft_steps=200
     mmrl train sanity/tiny_cpu --out runs/x --resume
     mmrl list
     mmrl plot runs/x
@@ -25,6 +26,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     train = sub.add_parser("train", help="train a policy from a recipe")
     add_train_arguments(train)
+
+    for verb, text in (("sft", "supervised fine-tuning on the task's reference outputs (the warm start)"),
+                       ("bc", "behaviour cloning from the task's expert demonstrations (same as sft)")):
+        warm = sub.add_parser(verb, help=text + "; saves the policy to --out")
+        warm.add_argument("recipe", help="recipe YAML path or name; its warm_start section sets the steps")
+        warm.add_argument("overrides", nargs="*", help="dotted overrides, e.g. warm_start.sft_steps=200")
+        warm.add_argument("--out", required=True, help="folder for the saved policy")
+        warm.add_argument("--overwrite", action="store_true", help="replace an existing folder written by mmrl")
 
     sub.add_parser("list", help="registered tasks, envs, policies, algorithms and recipes")
 
@@ -67,6 +76,20 @@ def run_train(args: argparse.Namespace) -> Path:
         if not args.no_plot:
             print(f"curves: {plot_run(args.out)}")
     return Path(args.out)
+
+
+def run_warm_start(args: argparse.Namespace) -> Path:
+    """``mmrl sft`` and ``mmrl bc``: the recipe's supervised warm start, saved to ``--out``."""
+    import transformers
+
+    from mmrl.config import load_config
+    from mmrl.warm_start import export_warm_start
+
+    transformers.utils.logging.disable_progress_bar()
+    cfg = load_config(args.recipe, args.overrides)
+    out = export_warm_start(cfg, args.out, overwrite=args.overwrite)
+    print(f"warm start ({cfg.warm_start.sft_steps} steps) saved to {out}")
+    return out
 
 
 def summarize(out: Path) -> str:
@@ -118,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "train":
             run_train(args)
+        elif args.command in ("sft", "bc"):
+            run_warm_start(args)
         elif args.command == "list":
             print(list_components())
         elif args.command == "plot":

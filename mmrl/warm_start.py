@@ -53,6 +53,36 @@ def build_initial_policy(cfg: TrainConfig, device: torch.device | str = "cpu", i
     return policy
 
 
+def export_warm_start(cfg: TrainConfig, out: str | Path, overwrite: bool = False) -> Path:
+    """``mmrl sft`` / ``mmrl bc``: run the recipe's warm start and save the policy to ``out`` in its
+    own format (``save_pretrained``), with ``config.yaml`` and the loss curve ``sft_losses.json``.
+
+    The folder can then seed RL with ``policy.args.pretrained=<out>`` (policies that load one).
+    """
+    from mmrl.config import ConfigError, dump_config
+
+    if cfg.warm_start.sft_steps < 1:
+        raise ConfigError("warm_start.sft_steps must be >= 1 to run a supervised warm start")
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        if not overwrite:
+            raise FileExistsError(f"{out} already holds files; pass --overwrite to replace it")
+        if not (out / "config.yaml").is_file():
+            raise FileExistsError(f"refusing to --overwrite {out}: it holds files but was not written by mmrl "
+                                  f"(no config.yaml)")
+        shutil.rmtree(out)
+    policy = make_policy(cfg.policy.name, cfg.policy.args)
+    losses = sft(policy, cfg)
+    tmp = out.with_name(f".{out.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    policy.save_pretrained(str(tmp))
+    dump_config(cfg, tmp / "config.yaml")
+    (tmp / "sft_losses.json").write_text(json.dumps(losses))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(tmp, out)
+    return out
+
+
 def sft(policy: Policy, cfg: TrainConfig) -> list[float]:
     """``warm_start.sft_steps`` AdamW steps of supervised fine-tuning on reference outputs."""
     task = make_task(cfg.task.name, cfg.task.args)

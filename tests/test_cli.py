@@ -68,3 +68,18 @@ def test_overwrite_refuses_a_folder_that_is_not_a_run(tmp_path, capsys):
     assert main(["train", "sanity/tiny_cpu", "--out", str(precious), "--overwrite", *QUIET, *TINY]) == 2
     assert "not an mmrl run folder" in capsys.readouterr().err
     assert (precious / "thesis.txt").read_text() == "years of work"
+
+
+@pytest.mark.parametrize("verb", ["sft", "bc"])
+def test_warm_start_verb_saves_a_loadable_policy(tmp_path, capsys, verb):
+    from mmrl.policies import CausalLMPolicy
+
+    out = tmp_path / "sft"
+    assert main([verb, "sanity/tiny_cpu", "--out", str(out), *QUIET, "warm_start.sft_steps=3"]) == 0
+    assert "saved to" in capsys.readouterr().out
+    assert (out / "config.yaml").is_file() and len(__import__("json").loads((out / "sft_losses.json").read_text())) == 3
+    CausalLMPolicy.from_pretrained(out)  # a plain HF folder
+    assert main([verb, "sanity/tiny_cpu", "--out", str(out), *QUIET, "warm_start.sft_steps=3"]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert main([verb, "sanity/tiny_cpu", "--out", str(tmp_path / "none"), *QUIET, "warm_start.sft_steps=0"]) == 2
+    assert "sft_steps must be >= 1" in capsys.readouterr().err
