@@ -2,3 +2,5 @@
 
 Importing this package registers every built-in environment with gymnasium.
 """
+
+from mmrl.envs import robot  # noqa: F401  (MuJoCo table-top tasks: mmrl/Reach-v0, mmrl/Push-v0, ...)

@@ -35,10 +35,41 @@ def build_parser() -> argparse.ArgumentParser:
         warm.add_argument("--out", required=True, help="folder for the saved policy")
         warm.add_argument("--overwrite", action="store_true", help="replace an existing folder written by mmrl")
 
+    init = sub.add_parser("init-model", help="build an embedded tiny model from its spec and save it (HF format)")
+    init.add_argument("spec", help="tiny-model spec in assets/, e.g. vlm/qwen2_5_vl_tiny.json")
+    init.add_argument("--out", required=True, help="new folder for the model and its processor")
+    init.add_argument("--seed", type=int, default=0, help="seed of the initial weights (default 0)")
+
+    export = sub.add_parser("export", help="a plain HF checkpoint from a saved policy (LoRA adapters merged)")
+    export.add_argument("policy_dir", help="a saved policy folder, e.g. RUN/checkpoints/step_N/policy")
+    export.add_argument("--out", required=True, help="new folder for the merged checkpoint")
+
     sub.add_parser("list", help="registered tasks, envs, policies, algorithms and recipes")
+
+    sub.add_parser("doctor", help="MuJoCo rendering diagnostics: MUJOCO_GL, working backends, frames/s")
 
     plot = sub.add_parser("plot", help="write OUT/curves.png from OUT/metrics.jsonl")
     plot.add_argument("run", help="a run folder (the --out of mmrl train)")
+
+    from mmrl.imagegen_cli import add_pretrain_arguments, add_sample_arguments
+
+    add_pretrain_arguments(sub.add_parser(
+        "pretrain-imagegen", help="train a tiny text-to-image diffusion / flow model; saves a diffusers pipeline"))
+    add_sample_arguments(sub.add_parser(
+        "sample", help="PNG grid from a diffusion run or pipeline; --rlg-weight w for RL guidance"))
+
+    sweep = sub.add_parser("sweep", help="train algorithm variants side by side over seeds; table + plot in --out")
+    sweep.add_argument("recipe", help="base recipe YAML path or name")
+    sweep.add_argument("overrides", nargs="*", help="algo=<arm>,<arm> seeds=0,1,2 and dotted overrides for every run")
+    sweep.add_argument("--out", required=True, help="sweep folder (runs/, sweep.md, sweep.json, sweep.png)")
+    sweep.add_argument("--pass-k", type=int, default=8, help="k of the held-out pass@k (0: off; default 8)")
+
+    extrapolate = sub.add_parser("extrapolate", help="RELEX rank-1 linear extrapolation of a run's checkpoints")
+    extrapolate.add_argument("run", help="a run folder whose checkpoints were kept (checkpoint.keep_last=0)")
+    extrapolate.add_argument("--observe", required=True, help="comma-separated checkpoint steps to fit on, e.g. 10,20,30")
+    extrapolate.add_argument("--target", type=int, required=True, help="step to predict")
+    extrapolate.add_argument("--out", required=True, help="folder for the predicted policy and extrapolation.json")
+    extrapolate.add_argument("--overwrite", action="store_true", help="replace an existing --out written by mmrl")
     return parser
 
 
@@ -112,15 +143,19 @@ def list_components() -> str:
     import gymnasium
 
     from mmrl.algos import ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, SHAPING_HOOKS
+    from mmrl.algos.variants import REHEARSAL_DIVERGENCES, ROLLOUT_STRATEGIES
     from mmrl.config import list_recipes
     from mmrl.registry import POLICIES, TASKS, load_builtins
+    from mmrl.sweep import SWEEP_ARMS
 
     load_builtins()
     envs = sorted(k for k in gymnasium.registry if k.startswith("mmrl/"))
     sections = [("tasks", TASKS.names()), ("envs", envs), ("policies", POLICIES.names()),
                 ("advantage estimators", ADVANTAGE_ESTIMATORS.names()), ("policy losses", POLICY_LOSSES.names()),
                 ("loss aggregations", AGGREGATIONS.names()), ("KL estimators", KL_ESTIMATORS.names()),
-                ("shaping hooks", SHAPING_HOOKS.names()), ("recipes", list_recipes())]
+                ("shaping hooks", SHAPING_HOOKS.names()), ("rollout strategies", ROLLOUT_STRATEGIES.names()),
+                ("rehearsal divergences", REHEARSAL_DIVERGENCES.names()), ("sweep arms", SWEEP_ARMS.names()),
+                ("recipes", list_recipes())]
     return "\n".join(f"{title}:\n" + ("\n".join(f"  {n}" for n in names) or "  (none yet)")
                      for title, names in sections)
 
@@ -143,12 +178,41 @@ def main(argv: list[str] | None = None) -> int:
             run_train(args)
         elif args.command in ("sft", "bc"):
             run_warm_start(args)
+        elif args.command == "init-model":
+            from mmrl.models.tiny_vlm import init_model
+
+            print(f"model saved to {init_model(args.spec, args.out, args.seed)}")
+        elif args.command == "export":
+            from mmrl.policies.lora import merge_and_export
+
+            print(f"plain Hugging Face checkpoint saved to {merge_and_export(args.policy_dir, args.out)}")
         elif args.command == "list":
             print(list_components())
+        elif args.command == "doctor":
+            from mmrl.envs.robot.doctor import diagnose
+
+            print(diagnose())
         elif args.command == "plot":
             from mmrl.plotting import plot_run
 
             print(plot_run(args.run))
+        elif args.command == "pretrain-imagegen":
+            from mmrl.imagegen_pretrain import run_pretrain
+
+            print(run_pretrain(args))
+        elif args.command == "sample":
+            from mmrl.imagegen_sample import run_sample
+
+            print(run_sample(args))
+        elif args.command == "sweep":
+            from mmrl.sweep import parse_sweep_arguments, run_sweep
+
+            table = run_sweep(args.recipe, parse_sweep_arguments(args.overrides), args.out, args.pass_k)
+            print(table.read_text())
+        elif args.command == "extrapolate":
+            from mmrl.extrapolate import run_extrapolate
+
+            print(run_extrapolate(args.run, args.observe, args.target, args.out, args.overwrite))
     except USER_ERRORS as err:
         print(f"mmrl {args.command}: error: {err}", file=sys.stderr)
         return 2

@@ -18,8 +18,10 @@ from typing import Any, Literal
 
 import yaml
 
-from mmrl.algos import ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, SHAPING_HOOKS
+from mmrl.algos import (ADVANTAGE_ESTIMATORS, AGGREGATIONS, GAUSSIAN_KL_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES,
+                        SHAPING_HOOKS)
 from mmrl.algos.config import AlgoConfig
+from mmrl.algos.variants import REHEARSAL_DIVERGENCES, ROLLOUT_STRATEGIES, algo_needs, validate_extra
 from mmrl.paths import recipes_dir
 
 
@@ -47,6 +49,14 @@ class RolloutConfig:
     """Nucleus sampling; log-probs stay those of the tempered (untruncated) distribution."""
     max_new_tokens: int = 32
     """Cap on decisions per sample (tokens for text policies)."""
+    reference_rows: int = 0
+    """> 0: this many rows of each group are the task's reference output (``task.reference_output``),
+    scored by the policy (``rollout_from_outputs``), and ``group_size − reference_rows`` are sampled
+    (ViSurf, arXiv 2510.10606: supervision injected as a group member). 0: off."""
+    param_noise_std: float = 0.0
+    """σ > 0: sample training rollouts from the policy with N(0, σ²) noise added to its trainable
+    parameters (PSN-RLVR, arXiv 2602.02555); needs ``trainer.recompute_logp_old`` and ``algo.tis_cap``
+    (truncated IS back to the unperturbed policy). 0: off."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +105,18 @@ class EvalConfig:
     """0 evaluates greedily."""
     seed: int = 1234
     """Seed of the held-out set (independent of the training seed)."""
+    pass_k: int = 0
+    """> 0: also draw this many samples per held-out example at ``pass_temperature`` and log
+    ``eval/pass@k`` (share of examples with at least one sample scoring ≥ ``pass_threshold``)
+    and ``eval/mean@k`` (mean score of the samples). 0: off (Chen et al. 2021, pass@k with n = k)."""
+    pass_temperature: float = 1.0
+    """Sampling temperature of the pass@k samples (1.0: the policy's own distribution)."""
+    pass_threshold: float = 1.0
+    """A sample passes when its verifiable score is at least this (1.0: a fully correct output)."""
+    extra_splits: tuple[str, ...] = ()
+    """More task splits (e.g. out-of-distribution ones) evaluated at the same times with the same
+    settings, ``num_examples`` each, logged as ``eval/<split>/<metric>`` (e.g.
+    ``eval/ood_color/success_rate``); ``split`` stays ``eval/<metric>``."""
 
 
 @dataclass(frozen=True)
@@ -303,11 +325,33 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     policy_args = _component_args(policy_spec.config, cfg.policy.args, "policy.args")
     a = cfg.algo
     for registry, name in ((ADVANTAGE_ESTIMATORS, a.advantage), (POLICY_LOSSES, a.policy_loss),
-                           (AGGREGATIONS, a.loss_agg), (KL_ESTIMATORS, a.kl_estimator)):
+                           (AGGREGATIONS, a.loss_agg)):
         _lookup(registry, name)
+    if a.kl_estimator not in GAUSSIAN_KL_ESTIMATORS:  # closed-form KLs of Gaussian decisions (Flow-GRPO)
+        _lookup(KL_ESTIMATORS, a.kl_estimator)
     for hook in a.shaping:
         _lookup(SHAPING_HOOKS, hook)
+    _lookup(ROLLOUT_STRATEGIES, a.rollout_strategy)
+    if a.rehearsal_divergence is not None:
+        _lookup(REHEARSAL_DIVERGENCES, a.rehearsal_divergence)
+    validate_extra(a)  # algo.extra.<variant> sections: typed, unknown keys rejected
     problems = []
+    if a.rollout_strategy != "plain" and a.dynamic_sampling:
+        problems.append(f"algo.rollout_strategy: {a.rollout_strategy} and algo.dynamic_sampling both choose the "
+                        f"rows of a step: use one of them")
+    if "ref_logp" in algo_needs(a) and cfg.trainer.ref_model == "none":
+        problems.append(f"the selected variants {sorted(n for n in (a.advantage, *a.shaping))} need reference "
+                        f"log-probs: trainer.ref_model: copy (or adapter_disabled)")
+    if not 0 <= cfg.rollout.reference_rows < cfg.rollout.group_size:
+        problems.append(f"rollout.reference_rows must be in 0..group_size − 1 ({cfg.rollout.group_size - 1}), "
+                        f"got {cfg.rollout.reference_rows}: at least one row per group is sampled")
+    if cfg.rollout.param_noise_std < 0:
+        problems.append(f"rollout.param_noise_std must be >= 0, got {cfg.rollout.param_noise_std}")
+    if cfg.rollout.param_noise_std > 0 and (a.tis_cap is None or not cfg.trainer.recompute_logp_old):
+        problems.append("rollout.param_noise_std > 0 (PSN) trains on rollouts of perturbed weights: set "
+                        "trainer.recompute_logp_old: true and algo.tis_cap (e.g. 2.0) for truncated IS")
+    if cfg.eval.pass_k < 0:
+        problems.append(f"eval.pass_k must be >= 0, got {cfg.eval.pass_k}")
     if a.kl_coef > 0 and cfg.trainer.ref_model == "none":
         problems.append("algo.kl_coef > 0 needs a reference: trainer.ref_model: copy (or adapter_disabled)")
     if a.kl_in_reward_coef > 0 and cfg.trainer.ref_model == "none":

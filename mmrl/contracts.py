@@ -36,6 +36,27 @@ class RewardResult:
             raise TypeError(f"RewardResult.score must be a float, got {type(self.score).__name__}")
 
 
+IMAGE_PLACEHOLDER = "<image>"
+"""Where an image of a :class:`VisualPrompt` goes in its prompt text: one per image, in order."""
+
+
+@runtime_checkable
+class VisualPrompt(Protocol):
+    """What a vision-language task's example exposes to a VLM policy (``policy: vlm``).
+
+    - ``prompt``: the user text, with one :data:`IMAGE_PLACEHOLDER` per image where it is shown;
+    - ``images``: PIL images (possibly none), in placeholder order;
+    - ``system``: a system message, or None for the model's chat-template default.
+
+    The policy builds the chat messages, applies its pixel budget and tokenises; a placeholder
+    count that differs from ``len(images)``, or an unreadable image, is a clear error.
+    """
+
+    prompt: str
+    images: tuple[Any, ...]  # PIL.Image.Image
+    system: str | None
+
+
 @runtime_checkable
 class Task(Protocol):
     """A source of examples with a verifiable reward.
@@ -68,6 +89,10 @@ class PolicyOutput:
     logp: Tensor  # [N, T] log π_θ(decision), with gradients
     entropy: Tensor | None = None  # [N, T] entropy of π_θ at each decision (when asked)
     values: Tensor | None = None  # [N, T] value head outputs (policies with a critic)
+    # Policies whose decisions are isotropic Gaussians (diffusion steps) also return their
+    # parameters, for closed-form KL estimators on the mean (``algo.kl_estimator: gaussian_mean``).
+    mean: Tensor | None = None  # [N, T, *D] mean of each decision's Gaussian
+    std: Tensor | None = None  # [N, T] its standard deviation
 
 
 class Policy(nn.Module, ABC):
@@ -111,3 +136,11 @@ class Policy(nn.Module, ABC):
         Policies that can be warm-started by supervised fine-tuning override this.
         """
         raise TypeError(f"{type(self).__name__} does not support supervised warm starts")
+
+    def rollout_from_outputs(self, examples: Sequence[Any], outputs: Sequence[Any],
+                             sampling: SamplingParams) -> Rollout:
+        """Rollout rows for *given* outputs (``outputs[i]`` answers ``examples[i]``; row i has group and
+        example index i), their log-probs under the current weights at ``sampling.temperature``: e.g.
+        the task's reference answers injected into a group (ViSurf). Policies that can score a given
+        output override this."""
+        raise TypeError(f"{type(self).__name__} cannot score given outputs (rollout.reference_rows needs it)")

@@ -101,6 +101,14 @@ class Engine:
     def any(self, flag: bool) -> bool:
         return self.sum(float(flag)) > 0
 
+    def gather_objects(self, *lists: list) -> tuple[list, ...]:
+        """Each list concatenated over processes in rank order (the same result on every process)."""
+        if self.world_size == 1:
+            return lists
+        from accelerate.utils import gather_object
+
+        return tuple(gather_object(list(items)) for items in lists)
+
     def wait(self) -> None:
         self.accelerator.wait_for_everyone()
 

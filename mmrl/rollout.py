@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 import torch
@@ -52,6 +52,8 @@ class Rollout:
     values: Tensor | None = None  # [N, T] critic values at sampling time (PPO with GAE)
     step_rewards: Tensor | None = None  # [N, T] per-decision env rewards (env tasks)
     dones: Tensor | None = None  # [N, T] 1.0 where an episode ended after the decision
+    stats: dict[str, float] = field(default_factory=dict)  # sampler measurements logged with the step
+    # (e.g. perf/weight_sync_s); summed when rollouts are concatenated
 
     def __post_init__(self) -> None:
         n, t = self.logp.shape
@@ -88,6 +90,7 @@ class Rollout:
             example_index=self.example_index[index], outputs=[self.outputs[i] for i in index.tolist()],
             payload=self.payload.select(index), policy_version=self.policy_version,
             values=rows(self.values), step_rewards=rows(self.step_rewards), dones=rows(self.dones),
+            stats=dict(self.stats),
         )
 
     @staticmethod
@@ -117,6 +120,7 @@ class Rollout:
             payload=type(first.payload).concat([p.payload for p in parts]),
             policy_version=first.policy_version,
             values=cat("values"), step_rewards=cat("step_rewards"), dones=cat("dones"),
+            stats={k: sum(p.stats.get(k, 0.0) for p in parts) for k in sorted({k for p in parts for k in p.stats})},
         )
 
     def replace(self, **changes: Any) -> Rollout:

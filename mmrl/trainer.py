@@ -8,6 +8,8 @@ the registered functions of :mod:`mmrl.algos`, chosen by ``cfg.algo``.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import itertools
 import math
 import shutil
 import time
@@ -20,11 +22,13 @@ import torch
 from torch import Tensor
 
 from mmrl import checkpoint as ckpt
-from mmrl.algos import (ADVANTAGE_ESTIMATORS, POLICY_LOSSES, SHAPING_HOOKS, AdvantageInputs, ShapingContext,
-                        aggregate, groups_with_signal, kl_penalty, overlong_penalty, truncated_is_weights,
-                        value_loss)
+from mmrl.algos import (ADVANTAGE_ESTIMATORS, GAUSSIAN_KL_ESTIMATORS, POLICY_LOSSES, SHAPING_HOOKS, AdvantageInputs,
+                        ShapingContext, aggregate, groups_with_signal, kl_penalty, overlong_penalty,
+                        truncated_is_weights, value_loss)
+from mmrl.algos.variants import (REHEARSAL_DIVERGENCES, ROLLOUT_STRATEGIES, PromptHistory, algo_needs,
+                                 perturbed_parameters, prompt_key, variant_params)
 from mmrl.config import ConfigError, TrainConfig, dump_config
-from mmrl.contracts import Policy, RewardResult
+from mmrl.contracts import Policy, PolicyOutput, RewardResult
 from mmrl.engine import Engine
 from mmrl.logging import RunLogger, truncate_metrics
 from mmrl.registry import make_task
@@ -97,7 +101,15 @@ class Trainer:
         self.data_rng = np.random.default_rng(t.seed)
         self.eval_examples = self.task.sample_batch(cfg.eval.split, cfg.eval.num_examples,
                                                     np.random.default_rng(cfg.eval.seed))
+        self.extra_eval_examples = {split: self.task.sample_batch(split, cfg.eval.num_examples,
+                                                                  np.random.default_rng(cfg.eval.seed))
+                                    for split in cfg.eval.extra_splits}
         self.step, self.skipped_updates = 0, 0
+        # What the selected paper variants need beyond the core inputs (mmrl.algos.variants.params):
+        # behaviour entropy, per-prompt history (checkpointed), reference log-probs.
+        self.needs = algo_needs(cfg.algo)
+        self.history = PromptHistory()
+        self.rehearsal = self.build_rehearsal_set()
         if resume:
             self.load_checkpoint()
         elif self.engine.is_main:
@@ -141,14 +153,22 @@ class Trainer:
         sampling = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_new_tokens)
         kept: list[Batch] = []
         dropped: list[Batch] = []
-        rounds = n_dropped = 0
+        sampler_stats: dict[str, float] = {}
+        rounds = n_dropped = generated = 0
         while True:
             examples = self.task.sample_batch("train", cfg.rollout.prompts_per_step, self.data_rng)
             examples = examples[eng.rank::eng.world_size]
             seed = derive_seed(cfg.trainer.seed, self.step, rounds, eng.rank)
-            rollout = self.policy.rollout(examples, cfg.rollout.group_size, sampling, seed)
+            rollout = self.sample(examples, cfg.rollout.group_size - cfg.rollout.reference_rows, sampling, seed)
+            generated += rollout.num_rows
+            if cfg.rollout.reference_rows:
+                rollout = self.with_reference_rows(rollout, examples, sampling)
             part = self.score(rollout, examples)
+            for key, value in rollout.stats.items():  # sampler measurements (perf/weight_sync_s, ...)
+                sampler_stats[key] = sampler_stats.get(key, 0.0) + value
             rounds += 1
+            part, more = self.apply_rollout_strategy(part, examples, sampling, seed)
+            generated += more
             if not cfg.algo.dynamic_sampling:
                 kept.append(part)
                 break
@@ -164,9 +184,51 @@ class Trainer:
             sampling_stats = {"rollout/gen_rounds": rounds, "rollout/dropped_groups": eng.sum(n_dropped)}
         else:
             batch, sampling_stats = kept[0], {}
-        batch.stats = (self.reward_stats(batch) | sampling_stats
-                       | {"rollout/len_mean": eng.mean(batch.rollout.lengths.float().mean())})
+        batch.stats = (self.reward_stats(batch) | sampling_stats | {k: eng.mean(v) for k, v in sampler_stats.items()}
+                       | {"rollout/len_mean": eng.mean(batch.rollout.lengths.float().mean()),
+                          "rollout/generated": eng.sum(generated),
+                          "rollout/trained_rows": eng.sum(batch.rollout.num_rows)})
         return batch
+
+    def sample(self, examples: list[Any], group_size: int, sampling: SamplingParams, seed: int) -> Rollout:
+        """Training rollouts; with ``rollout.param_noise_std`` > 0 drawn from perturbed weights (PSN-RLVR)."""
+        with perturbed_parameters(self.policy, self.cfg.rollout.param_noise_std, derive_seed(seed, 13)):
+            return self.policy.rollout(examples, group_size, sampling, seed)
+
+    def with_reference_rows(self, rollout: Rollout, examples: list[Any], sampling: SamplingParams) -> Rollout:
+        """Append ``rollout.reference_rows`` rows per example holding the task's reference output (ViSurf):
+        scored by the current policy, so π_old is the policy's own probability of the reference."""
+        copies = self.cfg.rollout.reference_rows
+        index = torch.arange(len(examples)).repeat_interleave(copies)
+        references = self.policy.rollout_from_outputs([examples[i] for i in index.tolist()],
+                                                      [self.task.reference_output(examples[i]) for i in index.tolist()],
+                                                      sampling)
+        return Rollout.concat([rollout, references.replace(example_index=index, group_id=index.clone())])
+
+    def apply_rollout_strategy(self, part: Batch, examples: list[Any], sampling: SamplingParams,
+                               seed: int) -> tuple[Batch, int]:
+        """``algo.rollout_strategy`` (mmrl/algos/variants/adaptive_sampling.py): draw the extra samples
+        it asks for, per example, until it asks for none; then keep the rows it selects. Returns the
+        batch and how many extra samples were drawn (``plain``: none, every row kept)."""
+        a = self.cfg.algo
+        strategy = ROLLOUT_STRATEGIES.get(a.rollout_strategy)
+        extra = 0
+        for round_ in itertools.count(1):  # the strategy bounds the rounds (AERO: its per-prompt budget)
+            more = strategy.more(part.outcome, part.rollout.example_index, len(examples), a)  # [E]
+            if not torch.any(more > 0):
+                break
+            for count in sorted(set(more[more > 0].tolist())):  # one sampling call per requested count
+                asked = (more == count).nonzero().squeeze(1)
+                rollout = self.sample([examples[i] for i in asked.tolist()], count, sampling,
+                                      derive_seed(seed, round_, count, 11))
+                index = asked[rollout.example_index]  # back to indices into ``examples``
+                new = self.score(rollout.replace(example_index=index, group_id=index.clone()), examples)
+                part = Batch(Rollout.concat([part.rollout, new.rollout]), examples, part.results + new.results,
+                             torch.cat([part.outcome, new.outcome]), torch.cat([part.rewards, new.rewards]), {})
+                extra += rollout.num_rows
+        generator = torch.Generator().manual_seed(derive_seed(seed, 12))
+        keep = strategy.keep(part.outcome, part.rollout.example_index, a, generator)
+        return (part if bool(keep.all()) else self.select_rows(part, keep)), extra
 
     def verify(self, rollout: Rollout, examples: list[Any]) -> list[RewardResult]:
         results = []
@@ -230,9 +292,15 @@ class Trainer:
         kl = (rollout.logp - ref_logp) * rollout.mask if ref_logp is not None else None
         inputs = AdvantageInputs(rewards=batch.rewards, mask=rollout.mask, group_id=rollout.group_id,
                                  step_rewards=rollout.step_rewards, values=rollout.values, dones=rollout.dones, kl=kl)
+        if "prompt_history" in self.needs:  # counts from earlier steps only; this step's are added after
+            keys = [prompt_key(batch.examples[i]) for i in rollout.example_index.tolist()]
+            successes, failures = self.history.lookup(keys)
+            inputs = dataclasses.replace(inputs, prompt_successes=successes, prompt_failures=failures)
+            self.history.update(*self.engine.gather_objects(keys, batch.outcome.tolist()))
         advantages, returns = ADVANTAGE_ESTIMATORS.get(a.advantage)(inputs, a)
+        entropy = self.forward_no_grad(self.policy, rollout, entropy=True) if "entropy" in self.needs else None
         ctx = ShapingContext(outcome=batch.outcome, rewards=batch.rewards, group_id=rollout.group_id,
-                             mask=rollout.mask, logp_old=rollout.logp, ref_logp=ref_logp, entropy=None)
+                             mask=rollout.mask, logp_old=rollout.logp, ref_logp=ref_logp, entropy=entropy)
         for hook in a.shaping:
             advantages = SHAPING_HOOKS.get(hook)(advantages, ctx, a)
         return advantages, returns, ref_logp
@@ -247,13 +315,25 @@ class Trainer:
         return None
 
     @torch.no_grad()
-    def forward_no_grad(self, model: Policy, rollout: Rollout) -> Tensor:
+    def reference_output(self, rows: Rollout) -> PolicyOutput:
+        """The reference policy's full output on ``rows`` (for KL estimators that need more than
+        log-probs, e.g. the Gaussian means of ``gaussian_mean``)."""
+        with self.engine.autocast():
+            if self.cfg.trainer.ref_model == "copy":
+                return self.ref(rows)
+            with self.policy.adapter_disabled():
+                return self.policy(rows)
+
+    @torch.no_grad()
+    def forward_no_grad(self, model: Policy, rollout: Rollout, entropy: bool = False) -> Tensor:
+        """Log-probs of the rollout's decisions ([N, T]), or with ``entropy`` the per-decision entropy."""
         size = self.cfg.trainer.micro_batch_size
         parts = []
         for start in range(0, rollout.num_rows, size):
             rows = rollout.select(torch.arange(start, min(start + size, rollout.num_rows)))
             with self.engine.autocast():
-                parts.append(model(rows).logp.float().cpu())
+                out = model(rows, with_entropy=entropy)
+            parts.append((out.entropy if entropy else out.logp).float().cpu())
         t_max = rollout.mask.shape[1]
         return torch.cat([torch.nn.functional.pad(p, (0, t_max - p.shape[1])) for p in parts]) * rollout.mask
 
@@ -286,6 +366,12 @@ class Trainer:
                 denominators = {"num_tokens": eng.sum(rollout.mask[rows].sum()), "num_seqs": eng.sum(len(rows)),
                                 # Dr. GRPO's constant: the max completion length, the same on every process.
                                 "norm_len": a.loss_agg_norm_len or cfg.rollout.max_new_tokens}
+                if self.rehearsal is not None and self.rehearsal.num_rows:  # DPH-RL: + coef · divergence to π_0
+                    seed = derive_seed(cfg.trainer.seed, self.step, epoch, mb, 19)
+                    with eng.no_sync(self.model, skip_sync=True):  # the same rows on every process: no reduction
+                        value = self.rehearsal_divergence(seed)
+                        eng.backward(value * variant_params(a, "dph_rl").coef)
+                    sums["loss/rehearsal"] = sums.get("loss/rehearsal", 0.0) + value.item() / eng.world_size
                 micro = rows.split(cfg.trainer.micro_batch_size)
                 for i, idx in enumerate(micro):
                     with eng.no_sync(self.model, skip_sync=i < len(micro) - 1):
@@ -306,8 +392,40 @@ class Trainer:
                    for key, v in sums.items()}
         if ref_logp is None:
             metrics["policy/kl_ref"] = None
+        if self.rehearsal is not None:
+            metrics["rollout/rehearsal_rows"] = self.rehearsal.num_rows
         return metrics | extra | {"train/lr": self.scheduler.get_last_lr()[0],
                                   "train/skipped_updates": self.skipped_updates, "policy/version": self.policy.version}
+
+    def rehearsal_divergence(self, seed: int) -> Tensor:
+        """Token-mean of ``algo.rehearsal_divergence`` between π_θ and π_0 on ``rows_per_update`` rows of the
+        rehearsal set drawn with ``seed`` (DPH-RL, mmrl/algos/variants/divergences.py)."""
+        a = self.cfg.algo
+        params = variant_params(a, "dph_rl")
+        pick = torch.randperm(self.rehearsal.num_rows, generator=torch.Generator().manual_seed(seed))
+        rows = self.rehearsal.select(pick[:params.rows_per_update])
+        mask = rows.mask.to(self.engine.device)
+        with self.engine.autocast():
+            logp = self.model(rows).logp.float()
+        term = REHEARSAL_DIVERGENCES.get(a.rehearsal_divergence)(logp, rows.logp.to(self.engine.device), params)
+        return aggregate(term * mask, mask, "token-mean")
+
+    def build_rehearsal_set(self) -> Rollout | None:
+        """DPH-RL's rehearsal set: π_0's samples of the training prompts it always solves, with π_0's
+        log-probs. Built from the initial weights at start-up (also on ``--resume``: before the checkpoint
+        is loaded), from seeds of the config, so it is the same every time and need not be stored."""
+        cfg = self.cfg
+        if cfg.algo.rehearsal_divergence is None:
+            return None
+        params = variant_params(cfg.algo, "dph_rl")
+        examples = self.task.sample_batch("train", params.rehearsal_prompts,
+                                          np.random.default_rng(derive_seed(cfg.trainer.seed, 17)))
+        sampling = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_new_tokens)
+        rollout = self.policy.rollout(examples, params.samples_per_prompt, sampling, derive_seed(cfg.trainer.seed, 18))
+        success = torch.tensor([r.score >= params.success_threshold for r in self.verify(rollout, examples)])
+        failures = torch.zeros(len(examples)).index_add_(0, rollout.example_index, (~success).float())
+        always_solved = (failures == 0)[rollout.example_index]
+        return rollout.select(always_solved.nonzero().squeeze(1))
 
     def loss_terms(self, rows: Rollout, logp_old: Tensor, adv: Tensor, returns: Tensor | None,
                    ref_logp: Tensor | None, denominators: dict) -> dict[str, Any]:
@@ -323,7 +441,10 @@ class Trainer:
         total = loss_pg
         terms: dict[str, Any] = {"loss/policy": loss_pg.item()}
         if ref_logp is not None:
-            kl = kl_penalty(logp, ref_logp.to(device), a.kl_estimator)
+            if a.kl_estimator in GAUSSIAN_KL_ESTIMATORS:  # closed form from the decisions' means (Flow-GRPO)
+                kl = GAUSSIAN_KL_ESTIMATORS.get(a.kl_estimator)(out, self.reference_output(rows))
+            else:
+                kl = kl_penalty(logp, ref_logp.to(device), a.kl_estimator)
             loss_kl = aggregate(kl, mask, a.loss_agg, **denominators)
             total = total + a.kl_coef * loss_kl
             terms |= {"loss/kl": loss_kl.item(), "policy/kl_ref": float((kl.detach() * mask).sum() / mask.sum().clamp(min=1))}
@@ -357,18 +478,41 @@ class Trainer:
         return norm if norm is not None and math.isfinite(norm) else float("nan")
 
     # ------------------------------------------------------------------------------------------
-    @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Mean verifiable reward (``eval/reward_mean``) and the task's metrics on held-out data."""
+        """Mean verifiable reward (``eval/reward_mean``) and the task's metrics on held-out data;
+        the same for each of ``eval.extra_splits``, logged as ``eval/<split>/<metric>``."""
+        metrics = self.evaluate_split(self.eval_examples, 0)
+        for i, (split, examples) in enumerate(self.extra_eval_examples.items()):
+            metrics |= {f"eval/{split}/{key.removeprefix('eval/')}": value
+                        for key, value in self.evaluate_split(examples, i + 1).items()}
+        return metrics
+
+    @torch.no_grad()
+    def evaluate_split(self, all_examples: list[Any], index: int) -> dict[str, float]:
+        """Greedy (``eval.temperature``) metrics on one split; ``index`` 0 is ``eval.split``."""
         cfg, eng = self.cfg, self.engine
-        examples = self.eval_examples[eng.rank::eng.world_size]
+        examples = all_examples[eng.rank::eng.world_size]
         sampling = SamplingParams(cfg.eval.temperature, 1.0, cfg.rollout.max_new_tokens)
-        rollout = self.policy.rollout(examples, 1, sampling, derive_seed(cfg.eval.seed, self.step, eng.rank))
+        seed = derive_seed(cfg.eval.seed, self.step, eng.rank) if index == 0 else \
+            derive_seed(cfg.eval.seed, self.step, eng.rank, 100 + index)
+        rollout = self.policy.rollout(examples, 1, sampling, seed)
         results = self.verify(rollout, examples)
         n, total = len(results), eng.sum(len(results))
         metrics = {"reward_mean": float(np.mean([r.score for r in results]))}
         metrics |= self.task.metrics([examples[i] for i in rollout.example_index.tolist()], rollout.outputs, results)
+        if cfg.eval.pass_k and index == 0:
+            metrics |= self.pass_at_k(examples)
         return {f"eval/{k}": eng.sum(v * n) / total for k, v in metrics.items()}
+
+    def pass_at_k(self, examples: list[Any]) -> dict[str, float]:
+        """``pass@k``: share of examples with a sample scoring ≥ ``eval.pass_threshold`` among k drawn at
+        ``eval.pass_temperature`` (Chen et al. 2021, with n = k samples); ``mean@k``: their mean score."""
+        e = self.cfg.eval
+        sampling = SamplingParams(e.pass_temperature, 1.0, self.cfg.rollout.max_new_tokens)
+        rollout = self.policy.rollout(examples, e.pass_k, sampling, derive_seed(e.seed, self.step, self.engine.rank, 1))
+        scores = torch.tensor([r.score for r in self.verify(rollout, examples)], dtype=torch.float64)
+        return {f"pass@{e.pass_k}": pass_at_k(scores, rollout.example_index, len(examples), e.pass_threshold),
+                f"mean@{e.pass_k}": float(scores.mean())}
 
     # ------------------------------------------------------------------------------------------
     def save_checkpoint(self) -> None:
@@ -382,7 +526,8 @@ class Trainer:
             self.policy.save_pretrained(str(tmp / "policy"))
             state = {"step": self.step, "policy_version": self.policy.version,
                      "skipped_updates": self.skipped_updates, "data_rng": self.data_rng.bit_generator.state,
-                     "config_fingerprint": ckpt.config_fingerprint(self.cfg)}
+                     "config_fingerprint": ckpt.config_fingerprint(self.cfg),
+                     "prompt_history": self.history.state_dict()}
             ckpt.finalize(tmp, final, state, self.cfg.checkpoint.keep_last)
         self.engine.wait()
 
@@ -399,9 +544,18 @@ class Trainer:
         self.step, self.skipped_updates = state["step"], state["skipped_updates"]
         self.policy.version = state["policy_version"]
         self.data_rng.bit_generator.state = state["data_rng"]
+        self.history.load_state_dict(state["prompt_history"])
         if self.engine.is_main:
             truncate_metrics(self.out, self.step)
             dump_config(self.cfg, self.out / "config.yaml")
+
+
+def pass_at_k(scores: Tensor, example_index: Tensor, num_examples: int, threshold: float) -> float:
+    """Share of examples with at least one of their samples scoring ≥ ``threshold`` ([N] scores and
+    example indices; with n = k samples this is the pass@k estimator of Chen et al. 2021)."""
+    passes = torch.zeros(num_examples, dtype=torch.float64).index_add_(0, example_index,
+                                                                       (scores >= threshold).double())
+    return float((passes > 0).double().mean())
 
 
 def lr_factor(update: int, warmup: int, total: int, schedule: str) -> float:

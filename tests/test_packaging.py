@@ -61,3 +61,16 @@ def test_wheel_installs_into_a_fresh_venv_under_the_mmrl_namespace(tmp_path):
     result = subprocess.run([str(python), "-c", CHECK.format(venv=venv)], cwd=tmp_path, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().endswith("ok sanity/reverse-v0")
+
+
+def test_every_package_of_the_checkout_is_in_the_wheel():
+    """pyproject lists packages explicitly (package-dir maps envs/ and tasks/ into mmrl): a new
+    subpackage that is not listed would be silently missing from the wheel."""
+    import tomllib
+
+    setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    found = {".".join((name, *init.parent.relative_to(ROOT / folder).parts))
+             for name, folder in setup["package-dir"].items()
+             for init in (ROOT / folder).rglob("__init__.py") if "__pycache__" not in init.parts}
+    missing = sorted(found - set(setup["packages"]))
+    assert not missing, f"add these packages to [tool.setuptools] packages in pyproject.toml: {missing}"

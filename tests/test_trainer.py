@@ -70,6 +70,18 @@ def test_run_outputs_and_metric_contract(tmp_path):
     assert png == out / "curves.png" and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_extra_eval_splits_are_logged_under_their_names(tmp_path):
+    """eval.extra_splits: each split evaluated at the same times as eval.split, as eval/<split>/<metric>;
+    evaluating the main split again as an extra one gives the same examples and numbers."""
+    rows = run(tmp_path / "run", *SHORT, "eval.extra_splits=[train, test]")
+    assert set(rows[0]) == {"step", "eval/reward_mean", "eval/exact_match", "eval/position_acc",
+                            "eval/train/reward_mean", "eval/train/exact_match", "eval/train/position_acc",
+                            "eval/test/reward_mean", "eval/test/exact_match", "eval/test/position_acc"}
+    for row in (rows[0], rows[-1]):
+        assert row["eval/test/reward_mean"] == row["eval/reward_mean"]  # greedy: same examples, same outputs
+    assert "eval/train/reward_mean" not in rows[1]
+
+
 def test_seeded_runs_are_identical(tmp_path):
     a = run(tmp_path / "a", *SHORT)
     b = run(tmp_path / "b", *SHORT)

@@ -1,9 +1,9 @@
 """The policy-gradient core: pure tensor functions behind registries, one axis each.
 
-- ``ADVANTAGE_ESTIMATORS``: grpo, rloo, reinforce_pp, gae, returns
+- ``ADVANTAGE_ESTIMATORS``: grpo, rloo, reinforce_pp, gae, returns (+ the variants of ``docs/algorithms.md``)
 - ``POLICY_LOSSES``: ppo_clip, gspo, gspo_token, reinforce
 - ``AGGREGATIONS``: token-mean, seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm
-- ``KL_ESTIMATORS``: k1, k2, k3, low_var_kl
+- ``KL_ESTIMATORS``: k1, k2, k3, low_var_kl; ``GAUSSIAN_KL_ESTIMATORS``: gaussian_mean (Flow-GRPO)
 - ``SHAPING_HOOKS``: adv_clip (+ the variants of ``docs/algorithms.md``)
 """
 
@@ -15,9 +15,12 @@ from mmrl.algos.masked import group_mean_std, masked_mean, masked_whiten
 from mmrl.algos.regularizers import KL_ESTIMATORS, entropy_from_logits, explained_variance, kl_penalty, value_loss
 from mmrl.algos.sampling import groups_with_signal, overlong_penalty
 from mmrl.algos.shaping import SHAPING_HOOKS, ShapingContext
+from mmrl.algos import variants  # noqa: E402,F401  (registers the paper variants on the axes above)
+from mmrl.algos.flow_grpo import GAUSSIAN_KL_ESTIMATORS  # noqa: E402  (grpo_global_std, gaussian_mean KL)
 
 __all__ = [
-    "ADVANTAGE_ESTIMATORS", "AGGREGATIONS", "KL_ESTIMATORS", "POLICY_LOSSES", "SHAPING_HOOKS",
+    "ADVANTAGE_ESTIMATORS", "AGGREGATIONS", "GAUSSIAN_KL_ESTIMATORS", "KL_ESTIMATORS", "POLICY_LOSSES",
+    "SHAPING_HOOKS",
     "AdvantageInputs", "AlgoConfig", "ShapingContext", "aggregate", "clipped_surrogate",
     "discounted_returns", "entropy_from_logits", "explained_variance", "group_mean_std",
     "groups_with_signal", "kl_penalty", "masked_mean", "masked_whiten", "overlong_penalty",

@@ -27,6 +27,10 @@ class AdvantageInputs:
     values: Tensor | None = None  # [N, T] critic values V(s_t) from the rollout
     dones: Tensor | None = None  # [N, T] 1.0 where an episode ends after decision t
     kl: Tensor | None = None  # [N, T] log π_old − log π_ref, for KL-in-reward (REINFORCE++)
+    # [N] each row's prompt's success / failure pseudo-counts from earlier steps (the trainer's
+    # per-prompt history; only for estimators that declare the "prompt_history" need)
+    prompt_successes: Tensor | None = None
+    prompt_failures: Tensor | None = None
 
 
 AdvantageFn = Callable[[AdvantageInputs, AlgoConfig], tuple[Tensor, Tensor | None]]

@@ -52,7 +52,8 @@ class AlgoConfig:
     kl_coef: float = 0.0
     """β of the KL-to-reference loss term (0 disables the reference model)."""
     kl_estimator: str = "low_var_kl"
-    """k1 | k2 | k3 | low_var_kl (Schulman's estimators; low_var_kl = clamped k3, verl/EasyR1)."""
+    """k1 | k2 | k3 | low_var_kl (Schulman's estimators; low_var_kl = clamped k3, verl/EasyR1), or
+    gaussian_mean: closed-form KL of Gaussian decisions from their means (Flow-GRPO; diffusion policies)."""
     entropy_coef: float = 0.0
     """Entropy bonus coefficient (loss −= coef·entropy)."""
     value_coef: float = 0.5
@@ -77,6 +78,16 @@ class AlgoConfig:
     """DAPO overlong shaping buffer L_buf: linear penalty from L_max − L_buf to L_max."""
     overlong_factor: float = 1.0
     """Multiplier of the overlong penalty."""
+
+    rollout_strategy: str = "plain"
+    """Registered rollout strategy (mmrl/algos/variants/adaptive_sampling.py): plain (``group_size``
+    samples per prompt, all trained on) | aero (AERO adaptive rollouts, arXiv 2602.14338: rescue of
+    zero-success prompts, selective rejection of surplus failures; ``extra.aero``)."""
+
+    rehearsal_divergence: str | None = None
+    """DPH-RL (arXiv 2509.07430): forward_kl | js | alpha, a mass-covering f-divergence to the initial
+    policy on a rehearsal set of its own always-correct samples, added to every update
+    (``extra.dph_rl``; mmrl/algos/variants/divergences.py). None: off."""
 
     extra: dict = field(default_factory=dict, hash=False)
     """Hyper-parameters of experimental shaping hooks, by hook name (documented per hook)."""

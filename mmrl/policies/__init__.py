@@ -1,8 +1,15 @@
 """Policies: thin adapters over Hugging Face / diffusers models, registered by name."""
 
 from mmrl.policies.causal_lm import CausalLMConfig, CausalLMPolicy
+from mmrl.policies.diffusion import DiffusionConfig, DiffusionPolicy
+from mmrl.policies.vla import VLAConfig, VLAPolicy
+from mmrl.policies.vlm import VLMConfig, VLMPolicy
 from mmrl.registry import register_policy
 
 register_policy("causal_lm", CausalLMPolicy.from_config, CausalLMConfig)
+register_policy("diffusion", DiffusionPolicy.from_config, DiffusionConfig)
+register_policy("vlm", VLMPolicy.from_config, VLMConfig)
+register_policy("vla", VLAPolicy.from_config, VLAConfig)
 
-__all__ = ["CausalLMConfig", "CausalLMPolicy"]
+__all__ = ["CausalLMConfig", "CausalLMPolicy", "DiffusionConfig", "DiffusionPolicy", "VLAConfig", "VLAPolicy",
+           "VLMConfig", "VLMPolicy"]

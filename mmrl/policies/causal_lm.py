@@ -20,6 +20,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Genera
 
 from mmrl.contracts import Policy, PolicyOutput
 from mmrl.paths import resolve_asset
+from mmrl.policies.lora import add_lora, load_lora_weights
 from mmrl.policies.tokens import (TokenPayload, completion_mask_from_eos, positions_from_mask,
                                   token_logprobs)
 from mmrl.rollout import Rollout, SamplingParams
@@ -129,13 +130,8 @@ class CausalLMPolicy(Policy):
 
     def add_lora(self, cfg: CausalLMConfig) -> None:
         """Freeze the base weights and train LoRA adapters (zero-initialised B: the policy is unchanged)."""
-        from peft import LoraConfig, get_peft_model
-
-        lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-                          target_modules=list(cfg.lora_target_modules), task_type="CAUSAL_LM")
-        with torch.random.fork_rng():
-            torch.manual_seed(cfg.init_seed)
-            self.model = get_peft_model(self.model, lora)
+        self.model = add_lora(self.model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules,
+                              cfg.init_seed)
         self.lora = True
 
     def adapter_disabled(self):
@@ -163,9 +159,7 @@ class CausalLMPolicy(Policy):
 
     def load_weights(self, path: str) -> None:
         if self.lora:  # the folder holds a peft adapter
-            from peft import set_peft_model_state_dict
-
-            set_peft_model_state_dict(self.model, load_file(Path(path) / "adapter_model.safetensors"))
+            load_lora_weights(self.model, path)
         else:
             loaded = type(self.model).from_pretrained(path, dtype=next(self.model.parameters()).dtype)
             self.model.load_state_dict(loaded.state_dict())
@@ -230,6 +224,27 @@ class CausalLMPolicy(Policy):
 
     def forward(self, rollout: Rollout, with_entropy: bool = False) -> PolicyOutput:
         return self.score(rollout.payload, with_entropy)
+
+    @torch.no_grad()
+    def rollout_from_outputs(self, examples: Sequence[Any], outputs: Sequence[str],
+                             sampling: SamplingParams) -> Rollout:
+        """Rows for given completions (each followed by EOS, as sampled ones end), scored as ``forward`` scores."""
+        if len(examples) != len(outputs):
+            raise ValueError(f"{len(examples)} examples for {len(outputs)} outputs")
+        prompt_ids, prompt_mask = self._encode_prompts([ex.prompt for ex in examples])
+        enc = self.tokenizer([o + self.tokenizer.eos_token for o in outputs], padding=True, padding_side="right",
+                             return_tensors="pt", add_special_tokens=False)
+        payload = TokenPayload(prompt_ids.cpu(), prompt_mask.cpu(), enc["input_ids"], enc["attention_mask"],
+                               sampling.temperature, self.pad_id)
+        was_training = self.model.training
+        self.model.eval()
+        out = self.score(payload)
+        self.model.train(was_training)
+        mask = payload.completion_mask.float()
+        index = torch.arange(len(examples))
+        return Rollout(logp=out.logp.cpu() * mask, mask=mask, group_id=index.clone(), example_index=index,
+                       outputs=list(outputs), payload=payload, policy_version=self.version,
+                       values=None if out.values is None else out.values.cpu())
 
     def sft_loss(self, examples: Sequence[Any], targets: Sequence[str]) -> torch.Tensor:
         prompt_ids, prompt_mask = self._encode_prompts([ex.prompt for ex in examples])

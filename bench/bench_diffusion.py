@@ -1,0 +1,199 @@
+"""DDPO RL step: mmrl's diffusion sampler + loss vs the reference loop, same model, batch and run.
+
+Both sides sample ``--rows`` images (``--prompts`` prompts × group) with ``--steps`` DDIM steps
+(η = 1, classifier-free guidance g = 3 inside the policy) and then take one PPO-clip update over
+every (image, timestep) decision.
+
+- **reference** (kvablack/ddpo-pytorch ``pipeline_with_logprob`` + ``ddim_step_with_logprob`` +
+  ``train.py``): sampling calls ``DDIMScheduler.step`` per timestep and recomputes each step's
+  log-prob the reference way (per-step ``alphas_cumprod.gather``, left-broadcasts); training loops
+  over timesteps, one UNet call + backward per timestep, gradients accumulated, one optimizer step.
+- **mmrl**: ``DiffusionPolicy.rollout`` (log-probs from the step's own mean and σ) and
+  ``DiffusionPolicy.forward``, which re-scores all timesteps of the batch in one UNet call, then
+  ``ppo_clip`` + ``token-mean`` from ``mmrl.algos``.
+
+Reported: median seconds per RL step (sampling + update) of each side, interleaved, and their
+ratio; and the peak memory of the update: bytes autograd saves for backward (CPU), plus
+``torch.cuda.max_memory_allocated`` on a GPU. mmrl trades memory for speed here: its re-scoring
+graph spans all timesteps of a micro-batch (bounded by ``trainer.micro_batch_size``).
+
+    python bench/bench_diffusion.py [--repeats 5] [--prompts 8] [--group 4] [--steps 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import statistics
+import tempfile
+import time
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+
+from mmrl.algos import POLICY_LOSSES, AlgoConfig, aggregate
+from mmrl.imagegen_pretrain import pretrain
+from mmrl.policies.diffusion import DiffusionConfig, DiffusionPolicy
+from mmrl.registry import make_task
+from mmrl.rollout import SamplingParams
+
+CLIP = 1e-4  # DDPO clip_range
+
+
+# -- the reference, as kvablack/ddpo-pytorch writes it ------------------------------------------
+def _left_broadcast(t, shape):
+    return t.reshape(t.shape + (1,) * (len(shape) - t.ndim)).broadcast_to(shape)
+
+
+def _get_variance(self, timestep, prev_timestep):
+    alpha_prod_t = torch.gather(self.alphas_cumprod, 0, timestep.cpu()).to(timestep.device)
+    alpha_prod_t_prev = torch.where(prev_timestep.cpu() >= 0, self.alphas_cumprod.gather(0, prev_timestep.cpu()),
+                                    self.final_alpha_cumprod).to(timestep.device)
+    beta_prod_t, beta_prod_t_prev = 1 - alpha_prod_t, 1 - alpha_prod_t_prev
+    return (beta_prod_t_prev / beta_prod_t) * (1 - alpha_prod_t / alpha_prod_t_prev)
+
+
+def ddim_step_with_logprob(self, model_output, timestep, sample, eta, prev_sample):
+    """ddpo_pytorch/diffusers_patch/ddim_with_logprob.py (epsilon prediction, clip_sample honoured)."""
+    prev_timestep = timestep - self.config.num_train_timesteps // self.num_inference_steps
+    prev_timestep = torch.clamp(prev_timestep, 0, self.config.num_train_timesteps - 1)
+    alpha_prod_t = self.alphas_cumprod.gather(0, timestep.cpu())
+    alpha_prod_t_prev = torch.where(prev_timestep.cpu() >= 0, self.alphas_cumprod.gather(0, prev_timestep.cpu()),
+                                    self.final_alpha_cumprod)
+    alpha_prod_t = _left_broadcast(alpha_prod_t, sample.shape).to(sample.device)
+    alpha_prod_t_prev = _left_broadcast(alpha_prod_t_prev, sample.shape).to(sample.device)
+    beta_prod_t = 1 - alpha_prod_t
+    pred_original_sample = (sample - beta_prod_t ** 0.5 * model_output) / alpha_prod_t ** 0.5
+    pred_epsilon = model_output
+    if self.config.clip_sample:
+        pred_original_sample = pred_original_sample.clamp(-self.config.clip_sample_range, self.config.clip_sample_range)
+    variance = _get_variance(self, timestep, prev_timestep)
+    std_dev_t = _left_broadcast(eta * variance ** 0.5, sample.shape).to(sample.device)
+    pred_sample_direction = (1 - alpha_prod_t_prev - std_dev_t ** 2) ** 0.5 * pred_epsilon
+    prev_sample_mean = alpha_prod_t_prev ** 0.5 * pred_original_sample + pred_sample_direction
+    log_prob = (-((prev_sample.detach() - prev_sample_mean) ** 2) / (2 * (std_dev_t ** 2)) - torch.log(std_dev_t)
+                - torch.log(torch.sqrt(2 * torch.as_tensor(math.pi))))
+    return log_prob.mean(dim=tuple(range(1, log_prob.ndim)))
+
+
+def reference_step(unet: torch.nn.Module, policy: DiffusionPolicy, prompts: list[str], advantages: torch.Tensor,
+                   optimizer, steps: int, seed: int) -> None:
+    sched, g = policy.scheduler, policy.cfg.guidance_scale
+    cond, uncond = policy.encode_prompts(prompts), policy.encode_prompts([""])
+    n = len(prompts)
+    embeds = torch.cat([uncond.expand_as(cond), cond])
+    sched.set_timesteps(steps)
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn((n, *policy.latent_shape()), generator=gen)
+    latents, logps, timesteps = [x], [], []
+    with torch.no_grad():  # pipeline_with_logprob
+        for t in sched.timesteps:
+            out = unet(torch.cat([x, x]), t, class_labels=embeds).sample
+            u, c = out.chunk(2)
+            eps = u + g * (c - u)
+            z = torch.randn(x.shape, generator=gen)
+            x_prev = sched.step(eps, t, x, eta=1.0, variance_noise=z).prev_sample
+            logps.append(ddim_step_with_logprob(sched, eps, t.expand(n), x, 1.0, x_prev))
+            latents.append(x_prev)
+            timesteps.append(t)
+            x = x_prev
+    old = torch.stack(logps, 1)
+    for j, t in enumerate(timesteps):  # train.py: one timestep at a time, gradients accumulated
+        x_j = latents[j]
+        out = unet(torch.cat([x_j, x_j]), t, class_labels=embeds).sample
+        u, c = out.chunk(2)
+        logp = ddim_step_with_logprob(sched, u + g * (c - u), t.expand(n), x_j, 1.0, latents[j + 1])
+        ratio = torch.exp(logp - old[:, j])
+        loss = torch.mean(torch.maximum(-advantages * ratio, -advantages * ratio.clamp(1 - CLIP, 1 + CLIP)))
+        (loss / len(timesteps)).backward()
+    torch.nn.utils.clip_grad_norm_(unet.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def mmrl_step(policy: DiffusionPolicy, examples: list, group: int, advantages: torch.Tensor, optimizer,
+              seed: int, micro_batch: int) -> None:
+    """As the trainer does it: rollout, then re-scoring in micro-batches of rows (gradient
+    accumulation with the global token count as the denominator), one optimizer step."""
+    rollout = policy.rollout(examples, group, SamplingParams(), seed)
+    cfg = AlgoConfig(clip_low=CLIP, clip_high=CLIP)
+    num_tokens = float(rollout.mask.sum())
+    for idx in torch.arange(rollout.num_rows).split(micro_batch):
+        rows = rollout.select(idx)
+        out = policy(rows)
+        adv = advantages[idx, None] * rows.mask
+        loss_tok, _ = POLICY_LOSSES.get("ppo_clip")(out.logp, rows.logp, adv, rows.mask, cfg)
+        aggregate(loss_tok, rows.mask, "token-mean", num_tokens=num_tokens).backward()
+    torch.nn.utils.clip_grad_norm_(policy.unet.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+@contextmanager
+def saved_bytes(record: list):
+    """Peak bytes autograd holds for backward during the block (CPU's activation memory)."""
+    state = {"now": 0, "peak": 0}
+
+    class Held:  # counted while the graph holds it; released when backward frees the graph
+        def __init__(self, t):
+            self.t, self.size = t, t.numel() * t.element_size()
+            state["now"] += self.size
+            state["peak"] = max(state["peak"], state["now"])
+
+        def __del__(self):
+            state["now"] -= self.size
+
+    with torch.autograd.graph.saved_tensors_hooks(Held, lambda held: held.t):
+        yield
+    record.append(state["peak"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--group", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--micro-batch", type=int, default=8,
+                        help="rows per re-scoring call on the mmrl side (trainer.micro_batch_size)")
+    parser.add_argument("--contiguous", action="store_true",
+                        help="mmrl side without channels-last (isolates the batched re-scoring's gain)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = pretrain("assets/imagegen/ddim_tiny.json", f"{tmp}/ddim", progress=False, steps=2)
+        policy = DiffusionPolicy.from_config(DiffusionConfig(pretrained=str(folder), num_steps=args.steps,
+                                                             guidance_scale=3.0, eta=1.0,
+                                                             channels_last=not args.contiguous))
+    examples = make_task("imagegen/shapes-v0").sample_batch("train", args.prompts, np.random.default_rng(0))
+    prompts = [ex.prompt for ex in examples for _ in range(args.group)]
+    advantages = torch.randn(len(prompts), generator=torch.Generator().manual_seed(0)).clamp(-5, 5)
+    optimizer = torch.optim.AdamW(policy.unet.parameters(), lr=1e-6)
+    # The same weights, in PyTorch's default memory format, as the reference code runs them.
+    ref_unet = copy.deepcopy(policy.unet).to(memory_format=torch.contiguous_format)
+    ref_optimizer = torch.optim.AdamW(ref_unet.parameters(), lr=1e-6)
+    sides = {"reference": lambda s: reference_step(ref_unet, policy, prompts, advantages, ref_optimizer, args.steps, s),
+             "mmrl": lambda s: mmrl_step(policy, examples, args.group, advantages, optimizer, s, args.micro_batch)}
+    times: dict[str, list[float]] = {k: [] for k in sides}
+    memory: dict[str, list[int]] = {k: [] for k in sides}
+    for repeat in range(args.repeats + 1):  # the first round warms up
+        for name in (("reference", "mmrl") if repeat % 2 else ("mmrl", "reference")):
+            start = time.perf_counter()
+            with saved_bytes(memory[name]):
+                sides[name](repeat)
+            if repeat:
+                times[name].append(time.perf_counter() - start)
+    ref, ours = statistics.median(times["reference"]), statistics.median(times["mmrl"])
+    print(f"DDPO RL step, {len(prompts)} images x {args.steps} DDIM steps, CFG, 16 px, "
+          f"{sum(p.numel() for p in policy.unet.parameters()) / 1e6:.2f} M-param UNet, {args.repeats} interleaved repeats")
+    print(f"  reference (scheduler.step + per-timestep re-scoring): {ref:.3f} s  "
+          f"peak saved for backward {max(memory['reference']) / 2**20:.1f} MiB")
+    print(f"  mmrl (batched re-scoring, {args.micro_batch:>3} rows per call):      {ours:.3f} s  "
+          f"peak saved for backward {max(memory['mmrl']) / 2**20:.1f} MiB")
+    print(f"  speed-up: {ref / ours:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

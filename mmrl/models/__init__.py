@@ -1,0 +1,1 @@
+"""Model builders for the embedded defaults (built from configs in assets/, never downloaded)."""

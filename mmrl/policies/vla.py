@@ -1,0 +1,361 @@
+"""A tiny vision-language-action policy that trains on CPU, with a shared actor-critic trunk.
+
+    image [H,W,3] ─ conv encoder + spatial soft-argmax ─┐
+    instruction ─ hashed word embeddings, mean-pooled ──┼─ MLP trunk ─ h ─┬─ action head ─ chunk of actions
+    proprio [P] ─ linear ───────────────────────────────┘                 └─ value head ─ V(s)
+
+Action heads (``action_head``):
+
+- ``tokens``: OpenVLA-style discretised actions (Kim et al. 2024, §3): each action dimension of
+  each chunk step is one of ``bins`` = 256 uniform bins over [−1, 1] (the bin centre is executed);
+  the tokens of one decision are predicted in parallel from ``h`` (OpenVLA-OFT's parallel
+  decoding), and log π(decision) = Σ over the decision's action tokens of log softmax(logits/τ).
+- ``gaussian``: a Gaussian chunk head with a learned, state-dependent noise scale (VLA-RFT's
+  σ-network, Li et al. 2025): a ~ N(μ(h), (τ·σ(h))²) per dimension; log π = Σ_dims log N.
+
+A decision is one action chunk of ``chunk`` env steps, executed open loop (action chunking,
+Zhao et al. 2023). The value head reads the same pre-action features ``h`` (RL4VLA's value head on
+the hidden state before the first action token: MLP h → 128 → GELU → 1).
+
+The policy imports gymnasium only (through :mod:`mmrl.samplers.gym_runner`); examples carry an
+``env_id`` and a ``seed``. Behaviour cloning (:meth:`VLAPolicy.sft_loss`) takes demonstrations
+with ``images [T,H,W,3]``, ``proprio [T,P]``, ``instruction`` and expert ``actions [T,A]``.
+
+Wrapping a pretrained VLA (e.g. an OpenVLA-style HF checkpoint on a GPU) keeps this interface:
+``rollout`` → the same runner with a ``decide`` that calls the model's processor + ``generate``
+over the 7 action tokens (their summed log-probs and the hidden state before the first action
+token for the value head); ``forward`` re-scores the stored observations and action tokens with
+teacher forcing. See docs/vla.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import zlib
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from mmrl.contracts import Policy, PolicyOutput
+from mmrl.rollout import Rollout, SamplingParams
+from mmrl.samplers.gym_runner import EpisodeBatch, GymRunner
+
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+
+
+@dataclass(frozen=True)
+class VLAConfig:
+    action_dims: int = 2
+    """Action dimensions of the env (reach/push: 2 end-effector deltas; pick-and-place: 4 with grip)."""
+    action_head: Literal["tokens", "gaussian"] = "tokens"
+    """Discretised action tokens (OpenVLA) or a Gaussian chunk head with a learned σ (VLA-RFT)."""
+    bins: int = 256
+    """Bins per action dimension of the token head (OpenVLA: 256)."""
+    chunk: int = 1
+    """Actions per decision (action chunking); one decision = ``chunk`` env steps."""
+    image_size: int = 64
+    """Side of the square RGB observation (must match the env's ``image_size``)."""
+    proprio_dims: int = 4
+    channels: tuple[int, ...] = (16, 32, 32)
+    """Conv encoder widths (first layer stride 2, 5×5; then 3×3, strides 2, 1)."""
+    hidden: int = 128
+    """Width of the trunk and of the instruction embedding."""
+    vocab_buckets: int = 512
+    """Instruction words are hashed (crc32) into this many embedding rows: no vocabulary file,
+    and unseen words (paraphrases) still map to a row."""
+    value_head: bool = True
+    """Critic on the pre-action features (PPO with GAE)."""
+    log_std_init: float = -1.0
+    """Gaussian head: initial log σ (the σ-net's bias)."""
+    log_std_range: tuple[float, float] = (-3.0, 0.5)
+    """Gaussian head: log σ is squashed into this range."""
+    max_decisions: int = 50
+    """Decisions per episode at most (the env's time limit usually ends it first)."""
+    num_envs: int = 32
+    """Episodes stepped together in one vector env (larger batches run in several rounds)."""
+    vector_mode: Literal["sync", "async"] = "sync"
+    """gymnasium ``SyncVectorEnv`` (one process) or ``AsyncVectorEnv`` (a subprocess per env)."""
+    env_kwargs: dict = field(default_factory=dict)
+    """Extra ``gymnasium.make`` arguments; ``image_size`` is always passed."""
+    init_seed: int = 0
+    """Seed of the initial weights."""
+    pretrained: str | None = None
+    """A folder written by ``save_pretrained`` (e.g. by ``mmrl bc``) to start from."""
+
+
+def instruction_ids(texts: Sequence[str], buckets: int) -> tuple[Tensor, Tensor]:
+    """Hashed word ids [B, L] long (0 = padding) and mask [B, L] of instructions."""
+    words = [t.lower().split() for t in texts]
+    length = max(1, max(len(w) for w in words))
+    ids = torch.zeros(len(texts), length, dtype=torch.long)
+    for i, ws in enumerate(words):
+        ids[i, :len(ws)] = torch.tensor([1 + zlib.crc32(w.encode()) % (buckets - 1) for w in ws], dtype=torch.long)
+    return ids, (ids > 0).float()
+
+
+def tokenize_actions(actions: Tensor, bins: int) -> Tensor:
+    """Continuous actions in [−1, 1] → bin indices (uniform bins, OpenVLA) ([...] → [...] long)."""
+    return ((actions.clamp(-1, 1) + 1) / 2 * bins).long().clamp(0, bins - 1)
+
+
+def detokenize_actions(tokens: Tensor, bins: int) -> Tensor:
+    """Bin indices → bin centres −1 + (2k + 1)/bins."""
+    return -1.0 + (2 * tokens.float() + 1) / bins
+
+
+class SpatialSoftArgmax(nn.Module):
+    """Expected (x, y) image coordinates of each channel's softmax (Levine et al. 2016, §4.2)."""
+
+    def forward(self, features: Tensor) -> Tensor:  # [B, C, H, W] → [B, 2C]
+        b, c, h, w = features.shape
+        probs = features.flatten(2).softmax(-1).view(b, c, h, w)
+        ys = torch.linspace(-1, 1, h, device=features.device)
+        xs = torch.linspace(-1, 1, w, device=features.device)
+        return torch.cat([(probs.sum(2) * xs).sum(-1), (probs.sum(3) * ys).sum(-1)], dim=1)
+
+
+@dataclass(frozen=True)
+class VLAPayload:
+    """What re-scoring needs. Satisfies :class:`mmrl.rollout.Payload`."""
+
+    images: Tensor  # [N, T, H, W, 3] uint8
+    proprio: Tensor  # [N, T, P] float32
+    instruction_ids: Tensor  # [N, L] long (0 = padding)
+    actions: Tensor  # [N, T, chunk·A]: long bins (tokens head) or float raw samples (gaussian head)
+    mask: Tensor  # [N, T] float
+    temperature: float
+
+    def select(self, index: Tensor) -> VLAPayload:
+        return VLAPayload(self.images[index], self.proprio[index], self.instruction_ids[index], self.actions[index],
+                          self.mask[index], self.temperature)
+
+    @classmethod
+    def concat(cls, parts: Sequence[VLAPayload]) -> VLAPayload:
+        if len({p.temperature for p in parts}) != 1:
+            raise ValueError("cannot mix rollouts sampled at different temperatures")
+        t_max = max(p.mask.shape[1] for p in parts)
+        l_max = max(p.instruction_ids.shape[1] for p in parts)
+
+        def pad_t(x: Tensor) -> Tensor:
+            return F.pad(x, [0, 0] * (x.dim() - 2) + [0, t_max - x.shape[1]])
+
+        return cls(torch.cat([pad_t(p.images) for p in parts]), torch.cat([pad_t(p.proprio) for p in parts]),
+                   torch.cat([F.pad(p.instruction_ids, (0, l_max - p.instruction_ids.shape[1])) for p in parts]),
+                   torch.cat([pad_t(p.actions) for p in parts]), torch.cat([pad_t(p.mask) for p in parts]),
+                   parts[0].temperature)
+
+
+class VLAPolicy(Policy):
+    def __init__(self, cfg: VLAConfig):
+        super().__init__()
+        if cfg.chunk < 1 or cfg.action_dims < 1:
+            raise ValueError(f"chunk and action_dims must be >= 1, got {cfg.chunk}, {cfg.action_dims}")
+        self.cfg = cfg
+        layers, width = [], 3
+        for i, out in enumerate(cfg.channels):
+            k, s = (5, 2) if i == 0 else (3, 2 if i == 1 else 1)
+            layers += [nn.Conv2d(width, out, k, stride=s, padding=k // 2), nn.GELU()]
+            width = out
+        self.encoder = nn.Sequential(*layers)
+        self.keypoints = SpatialSoftArgmax()
+        self.words = nn.Embedding(cfg.vocab_buckets, cfg.hidden, padding_idx=0)
+        self.proprio = nn.Linear(cfg.proprio_dims, cfg.hidden)
+        self.trunk = nn.Sequential(nn.Linear(2 * width + 2 * cfg.hidden, cfg.hidden), nn.GELU(),
+                                   nn.Linear(cfg.hidden, cfg.hidden), nn.GELU())
+        outputs = cfg.chunk * cfg.action_dims
+        if cfg.action_head == "tokens":
+            self.action_logits = nn.Linear(cfg.hidden, outputs * cfg.bins)
+        else:
+            self.action_mean = nn.Linear(cfg.hidden, outputs)
+            self.action_log_std = nn.Linear(cfg.hidden, outputs)  # the σ-network
+            nn.init.zeros_(self.action_log_std.weight)
+            lo, hi = cfg.log_std_range
+            nn.init.constant_(self.action_log_std.bias, math.atanh((2 * cfg.log_std_init - lo - hi) / (hi - lo)))
+        self.value = None
+        if cfg.value_head:
+            self.value = nn.Sequential(nn.Linear(cfg.hidden, 128), nn.GELU(), nn.Linear(128, 1))
+            nn.init.normal_(self.value[2].weight, std=0.02)
+            nn.init.zeros_(self.value[2].bias)
+        self.runner = GymRunner(cfg.num_envs, cfg.vector_mode, {**cfg.env_kwargs, "image_size": cfg.image_size})
+        self.register_buffer("_device_probe", torch.zeros(0), persistent=False)
+
+    # -- construction / saving -------------------------------------------------------------------
+    @classmethod
+    def from_config(cls, cfg: VLAConfig) -> VLAPolicy:
+        with torch.random.fork_rng():
+            torch.manual_seed(cfg.init_seed)
+            policy = cls(cfg)
+        if cfg.pretrained is not None:
+            policy.load_weights(cfg.pretrained)
+        return policy
+
+    def save_pretrained(self, path: str) -> None:
+        out = Path(path)
+        out.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in self.state_dict().items()}, out / WEIGHTS_FILE)
+        (out / CONFIG_FILE).write_text(json.dumps({"architecture": "mmrl.VLAPolicy", **asdict(self.cfg)}, indent=1))
+
+    def load_weights(self, path: str) -> None:
+        file = Path(path) / WEIGHTS_FILE
+        if not file.is_file():
+            raise FileNotFoundError(f"{file} not found: point policy.args.pretrained at a folder written by "
+                                    f"save_pretrained (e.g. `mmrl bc <recipe> --out DIR`)")
+        state = load_file(file)
+        missing, unexpected = self.load_state_dict(state, strict=False)
+        if missing or unexpected:
+            raise ValueError(f"{file} does not fit this VLA config (missing {missing}, unexpected {unexpected}); "
+                             f"compare with {Path(path) / CONFIG_FILE}")
+
+    # -- network ---------------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self._device_probe.device
+
+    def features(self, images: Tensor, proprio: Tensor, instruction: Tensor) -> Tensor:
+        """Pre-action features h [B, hidden] from images [B,H,W,3] uint8, proprio [B,P], word ids [B,L]."""
+        if images.shape[1:] != (self.cfg.image_size, self.cfg.image_size, 3):
+            raise ValueError(f"images must be [B, {self.cfg.image_size}, {self.cfg.image_size}, 3], got "
+                             f"{tuple(images.shape)}: set policy.args.image_size to the env's image size")
+        x = images.to(self.device).permute(0, 3, 1, 2).float() / 255.0 - 0.5
+        keypoints = self.keypoints(self.encoder(x))
+        ids = instruction.to(self.device)
+        mask = (ids > 0).float()
+        words = (self.words(ids) * mask[..., None]).sum(1) / mask.sum(1, keepdim=True).clamp(min=1)
+        return self.trunk(torch.cat([keypoints, words, self.proprio(proprio.to(self.device))], dim=-1))
+
+    def log_std(self, h: Tensor) -> Tensor:
+        lo, hi = self.cfg.log_std_range
+        return lo + (hi - lo) * (torch.tanh(self.action_log_std(h)) + 1) / 2
+
+    def action_logprob(self, h: Tensor, actions: Tensor, temperature: float,
+                       with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+        """log π(actions | h) summed over the decision's tokens / dims ([B, chunk·A] → [B]); entropy [B].
+
+        τ = 0 (greedy) scores under τ = 1, as for text policies.
+        """
+        tau = temperature if temperature > 0 else 1.0
+        if self.cfg.action_head == "tokens":
+            logits = self.action_logits(h).view(h.shape[0], -1, self.cfg.bins).float() / tau
+            logp_all = F.log_softmax(logits, -1)  # [B, chunk·A, bins]
+            logp = logp_all.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1).sum(-1)
+            entropy = -(logp_all.exp() * logp_all).sum(-1).sum(-1) if with_entropy else None
+            return logp, entropy
+        mean, log_std = self.action_mean(h).float(), self.log_std(h).float() + math.log(tau)
+        z = (actions - mean) / log_std.exp()
+        logp = (-0.5 * z ** 2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+        entropy = (log_std + 0.5 * math.log(2 * math.pi * math.e)).sum(-1) if with_entropy else None
+        return logp, entropy
+
+    def sample_actions(self, h: Tensor, temperature: float, generator: torch.Generator) -> Tensor:
+        """Decision samples [B, chunk·A] (token ids or raw Gaussian samples); τ = 0 is greedy."""
+        if self.cfg.action_head == "tokens":
+            logits = self.action_logits(h).view(h.shape[0], -1, self.cfg.bins).float()
+            if temperature == 0:
+                return logits.argmax(-1)
+            probs = F.softmax(logits / temperature, -1)
+            return torch.multinomial(probs.view(-1, self.cfg.bins).cpu(), 1, generator=generator).view(probs.shape[:2])
+        mean = self.action_mean(h).float()
+        if temperature == 0:
+            return mean
+        noise = torch.randn(mean.shape, generator=generator).to(mean.device)
+        return mean + temperature * self.log_std(h).float().exp() * noise
+
+    def env_actions(self, decision: Tensor) -> np.ndarray:
+        """What the env executes [B, chunk, A] from decision samples [B, chunk·A]."""
+        if self.cfg.action_head == "tokens":
+            decision = detokenize_actions(decision, self.cfg.bins)
+        return decision.clamp(-1, 1).view(-1, self.cfg.chunk, self.cfg.action_dims).cpu().numpy()
+
+    # -- sampling --------------------------------------------------------------------------------
+    @torch.no_grad()
+    def rollout(self, examples: Sequence[Any], group_size: int, sampling: SamplingParams, seed: int,
+                record_frames: bool = False) -> Rollout:
+        env_ids = [ex.env_id for ex in examples for _ in range(group_size)]
+        seeds = [ex.seed for ex in examples for _ in range(group_size)]
+        generator = torch.Generator().manual_seed(seed)
+        was_training = self.training
+        self.eval()
+
+        def decide(images: np.ndarray, proprio: np.ndarray, instructions: list[str]):
+            ids, _ = instruction_ids(instructions, self.cfg.vocab_buckets)
+            h = self.features(torch.from_numpy(images), torch.from_numpy(proprio), ids)
+            decision = self.sample_actions(h, sampling.temperature, generator)
+            logp, _ = self.action_logprob(h, decision, sampling.temperature)
+            record = {"decision": decision.cpu().numpy(), "logp": logp.cpu().numpy()}
+            if self.value is not None:
+                record["value"] = self.value(h).squeeze(-1).float().cpu().numpy()
+            return self.env_actions(decision), record
+
+        batch = self.runner.run(env_ids, seeds, decide, self.cfg.chunk, self.cfg.max_decisions, record_frames)
+        self.train(was_training)
+        return self.to_rollout(batch, len(examples), group_size, sampling.temperature)
+
+    def to_rollout(self, batch: EpisodeBatch, num_examples: int, group_size: int, temperature: float) -> Rollout:
+        mask = torch.from_numpy(batch.mask)
+        actions = torch.from_numpy(batch.records["decision"])
+        ids, _ = instruction_ids(batch.instructions, self.cfg.vocab_buckets)
+        payload = VLAPayload(torch.from_numpy(batch.images), torch.from_numpy(batch.proprio), ids,
+                             actions.long() if self.cfg.action_head == "tokens" else actions.float(), mask, temperature)
+        example_index = torch.arange(num_examples).repeat_interleave(group_size)
+        values = torch.from_numpy(batch.records["value"]) * mask if self.value is not None else None
+        rollout = Rollout(logp=torch.from_numpy(batch.records["logp"]).float() * mask, mask=mask,
+                          group_id=example_index.clone(), example_index=example_index, outputs=batch.summaries,
+                          payload=payload, policy_version=self.version, values=values,
+                          step_rewards=torch.from_numpy(batch.step_rewards) * mask,
+                          dones=torch.from_numpy(batch.dones) * mask)
+        self.last_frames = batch.frames  # videos (scripts/train_vla.py); None unless asked for
+        return rollout
+
+    # -- re-scoring ------------------------------------------------------------------------------
+    def forward(self, rollout: Rollout, with_entropy: bool = False) -> PolicyOutput:
+        p: VLAPayload = rollout.payload
+        rows, steps = p.mask.nonzero(as_tuple=True)  # the real decisions, [B] each
+        n, t = p.mask.shape
+        h = self.features(p.images[rows, steps], p.proprio[rows, steps], p.instruction_ids[rows])
+        logp_flat, entropy_flat = self.action_logprob(h, p.actions[rows, steps].to(self.device), p.temperature,
+                                                      with_entropy)
+
+        def scatter(flat: Tensor) -> Tensor:  # [B] → [N, T], zeros at padding
+            out = torch.zeros(n, t, device=flat.device, dtype=flat.dtype)
+            return out.index_put((rows.to(flat.device), steps.to(flat.device)), flat)
+
+        values = scatter(self.value(h).squeeze(-1).float()) if self.value is not None else None
+        return PolicyOutput(logp=scatter(logp_flat), entropy=None if entropy_flat is None else scatter(entropy_flat),
+                            values=values)
+
+    def sft_loss(self, examples: Sequence[Any], targets: Sequence[Any]) -> Tensor:
+        """Behaviour cloning: mean NLL per action dimension of the expert's action chunks.
+
+        ``targets[i]`` is a demonstration with ``images [T,H,W,3]``, ``proprio [T,P]``,
+        ``instruction`` and ``actions [T,A]``; the decision at step t predicts actions
+        t .. t+chunk−1 (the last action repeats past the end of the episode).
+        """
+        images, proprio, ids, chunks = [], [], [], []
+        for demo in targets:
+            actions = np.asarray(demo.actions, dtype=np.float32)
+            if actions.ndim != 2 or actions.shape[1] != self.cfg.action_dims:
+                raise ValueError(f"demonstration actions must be [T, {self.cfg.action_dims}], got {actions.shape}: "
+                                 f"policy.args.action_dims must match the env")
+            steps = len(actions)
+            index = np.minimum(np.arange(steps)[:, None] + np.arange(self.cfg.chunk)[None], steps - 1)
+            chunks.append(torch.from_numpy(actions[index].reshape(steps, -1)))
+            images.append(torch.from_numpy(np.asarray(demo.images)[:steps]))
+            proprio.append(torch.from_numpy(np.asarray(demo.proprio, dtype=np.float32)[:steps]))
+            ids.append(instruction_ids([demo.instruction], self.cfg.vocab_buckets)[0].expand(steps, -1))
+        width = max(x.shape[1] for x in ids)
+        ids = torch.cat([F.pad(x, (0, width - x.shape[1])) for x in ids])
+        h = self.features(torch.cat(images), torch.cat(proprio), ids)
+        target = torch.cat(chunks).to(self.device)
+        if self.cfg.action_head == "tokens":
+            target = tokenize_actions(target, self.cfg.bins)
+        logp, _ = self.action_logprob(h, target, 1.0)
+        return -logp.mean() / target.shape[1]

@@ -1,0 +1,423 @@
+"""A policy over any Hugging Face Qwen2-VL / Qwen2.5-VL / Qwen3-VL checkpoint folder.
+
+Examples meet :class:`mmrl.contracts.VisualPrompt` (``prompt`` with one ``<image>`` per image,
+``images``, ``system``); outputs are the decoded completion strings. The policy builds the chat
+messages, resizes images with ``qwen_vl_utils.process_vision_info`` under its pixel budget and
+tokenises with the checkpoint's processor. :meth:`VLMPolicy.encode` is the one place that owns
+image-token accounting:
+
+- pixel budget: ``min_pixels`` / ``max_pixels`` (the processor's, or the recipe's override, set on
+  both the resize and the image processor so they agree);
+- prompt length: text + image tokens are counted before tokenising and checked against
+  ``max_prompt_tokens``; the error names both numbers and the knob to turn;
+- one padding side: prompts left, completions right;
+- vision and other special tokens are never sampled (suppressed in sampling *and* scoring) and a
+  completion is cut at any such token an engine returns anyway, so none reaches re-scoring.
+
+Re-scoring passes ``mm_token_type_ids`` (prompt types, zeros over the completion) with
+``image_grid_thw``: without them Qwen2.5-VL silently falls back to 1-D positions and the
+on-policy ratio is no longer 1 (``tests/policies/test_vlm.py`` shows both).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+from torch.nn import functional as F
+from transformers import AutoModelForImageTextToText, AutoProcessor, GenerationConfig
+
+from mmrl.contracts import IMAGE_PLACEHOLDER, Policy, PolicyOutput
+from mmrl.policies.lora import BASE_FOLDER, add_lora, load_lora_weights
+from mmrl.policies.tokens import completion_mask_from_eos, positions_from_mask, token_logprobs
+from mmrl.rollout import Rollout, SamplingParams
+from mmrl.samplers.hf_generate import HFGenerateSampler
+from mmrl.samplers.tokens import CompletionSampler, Completions, TokenRules, VisionPrompts
+
+PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
+
+
+@dataclass(frozen=True)
+class VLLMSettings:
+    """The colocated vLLM engine (``sampler: vllm``; GPU nodes with vLLM installed)."""
+
+    gpu_memory_utilization: float = 0.3
+    """Share of GPU memory vLLM may take (the trainer shares the device)."""
+    max_model_len: int = 4096
+    """Longest prompt + completion vLLM plans for."""
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "bfloat16"
+    enforce_eager: bool = True
+    """No CUDA graphs: weights are replaced after every optimizer step."""
+    sleep_between_rollouts: bool = False
+    """Free vLLM's KV cache and weights while the trainer updates (``LLM.sleep`` level 1)."""
+
+
+@dataclass(frozen=True)
+class VLMConfig:
+    pretrained: str | None = None
+    """A local HF folder (config, weights, processor: tokenizer + image processor + chat template)."""
+    model_spec: str | None = None
+    """Instead of ``pretrained``: a tiny-VLM spec in assets/ (``vlm/qwen2_5_vl_tiny.json``) built in memory."""
+    init_seed: int = 0
+    """Seed of a spec-built model's weights (and of LoRA's A matrices)."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
+    """sdpa on CPU; flash_attention_2 where installed (GPU)."""
+    min_pixels: int | None = None
+    """Override of the processor's smallest image area (pixels); null keeps the checkpoint's."""
+    max_pixels: int | None = None
+    """Override of the processor's largest image area (pixels); bounds image tokens and memory."""
+    max_prompt_tokens: int = 1024
+    """Text + image tokens allowed per prompt; longer prompts fail before any model call."""
+    sampler: Literal["hf", "vllm"] = "hf"
+    """``hf``: transformers ``generate``; ``vllm``: a colocated vLLM engine (GPU, optional extra)."""
+    generation_batch_rows: int = 0
+    """HF sampler: rows per ``generate`` call (0: all at once); bounds rollout memory."""
+    vllm: VLLMSettings = field(default_factory=VLLMSettings)
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass (large models)."""
+    lora_rank: int = 0
+    """> 0: train LoRA adapters of this rank (Hu et al. 2021) instead of all weights."""
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.0
+    lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    """Language-model attention projections by default (the vision tower's are named qkv / proj)."""
+
+
+@dataclass(frozen=True)
+class VLMPayload:
+    """Prompt rows (with their images) and completions. Satisfies :class:`mmrl.rollout.Payload`."""
+
+    prompts: VisionPrompts
+    completion_ids: Tensor  # [N, T] long, right-padded
+    completion_mask: Tensor  # [N, T] long {0,1}
+    temperature: float
+
+    def select(self, index: Tensor) -> VLMPayload:
+        index = index.long()
+        return VLMPayload(self.prompts.select(index), self.completion_ids[index], self.completion_mask[index],
+                          self.temperature)
+
+    @classmethod
+    def concat(cls, parts: Sequence[VLMPayload]) -> VLMPayload:
+        if len({p.temperature for p in parts}) != 1:
+            raise ValueError("cannot mix rollouts sampled at different temperatures")
+        t_max = max(p.completion_ids.shape[1] for p in parts)
+        pad = parts[0].prompts.pad_id
+        return cls(VisionPrompts.concat([p.prompts for p in parts]),
+                   torch.cat([F.pad(p.completion_ids, (0, t_max - p.completion_ids.shape[1]), value=pad) for p in parts]),
+                   torch.cat([F.pad(p.completion_mask, (0, t_max - p.completion_mask.shape[1])) for p in parts]),
+                   parts[0].temperature)
+
+
+def check_processor_folder(path: Path) -> None:
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path} is not a Hugging Face model folder (no config.json)")
+    if not any((path / name).is_file() for name in PROCESSOR_FILES):
+        raise FileNotFoundError(
+            f"{path} has no processor ({' or '.join(PROCESSOR_FILES)}): save it beside the weights with "
+            f"processor.save_pretrained({str(path)!r}) (mmrl init-model and mmrl sft do)")
+
+
+class VLMPolicy(Policy):
+    def __init__(self, model: torch.nn.Module, processor: Any, cfg: VLMConfig, source: Path | None = None):
+        super().__init__()
+        self.model, self.processor, self.cfg = model, processor, cfg
+        self.source = source  # the folder the weights came from (None: built from a spec)
+        tokenizer = processor.tokenizer
+        tokenizer.padding_side = "left"
+        if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
+            raise ValueError("the processor's tokenizer needs a pad and an eos token")
+        rows = model.get_input_embeddings().num_embeddings
+        if len(tokenizer) > rows:
+            raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but the model embeds only {rows}")
+        vocab = tokenizer.get_vocab()
+        self.eos_ids = tuple(sorted({tokenizer.eos_token_id} | ({vocab["<|im_end|>"]} if "<|im_end|>" in vocab else set())))
+        self.vision_ids = tuple(sorted(vocab[t] for t in ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>",
+                                                          "<|vision_end|>", "<|vision_pad|>") if t in vocab))
+        # Never sample special tokens other than EOS (a sampled <|image_pad|> breaks re-scoring:
+        # "Image features and image tokens do not match"); the same ids leave the scored distribution.
+        suppressed = (set(tokenizer.all_special_ids) | set(self.vision_ids)) - set(self.eos_ids)
+        self.register_buffer("suppressed", torch.tensor(sorted(suppressed), dtype=torch.long), persistent=False)
+        self.model.generation_config = GenerationConfig(pad_token_id=tokenizer.pad_token_id,
+                                                        eos_token_id=list(self.eos_ids))
+        self.set_pixel_budget(cfg.min_pixels, cfg.max_pixels)
+        self.lora = False
+        if cfg.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+        self._sampler: CompletionSampler | None = None
+
+    # -- construction ----------------------------------------------------------------------------
+    @classmethod
+    def from_config(cls, cfg: VLMConfig) -> VLMPolicy:
+        dtype = getattr(torch, cfg.dtype)
+        if (cfg.pretrained is None) == (cfg.model_spec is None):
+            raise ValueError("policy.args: give exactly one of pretrained (a HF folder) or model_spec "
+                             "(e.g. vlm/qwen2_5_vl_tiny.json)")
+        if cfg.pretrained is not None:
+            path = Path(cfg.pretrained)
+            check_processor_folder(path)
+            model = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype,
+                                                                attn_implementation=cfg.attn_implementation)
+            policy = cls(model, AutoProcessor.from_pretrained(path), cfg, source=path)
+        else:
+            from mmrl.models.tiny_vlm import build_tiny_vlm
+
+            model, processor = build_tiny_vlm(cfg.model_spec, cfg.init_seed, dtype)
+            model.config._attn_implementation = cfg.attn_implementation
+            policy = cls(model, processor, cfg)
+        if cfg.lora_rank > 0:
+            policy.model = add_lora(policy.model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout,
+                                    cfg.lora_target_modules, cfg.init_seed)
+            policy.lora = True
+        return policy
+
+    def adapter_disabled(self):
+        if not self.lora:
+            return super().adapter_disabled()
+        return self.model.disable_adapter()
+
+    @property
+    def base_model(self) -> torch.nn.Module:
+        """The transformers model (under the peft wrapper when training LoRA)."""
+        return self.model.get_base_model() if self.lora else self.model
+
+    def save_pretrained(self, path: str) -> None:
+        """Full: a plain HF folder (model + processor). LoRA: the peft adapter + processor, and the
+        base under ``base/`` when it has no folder of its own (``mmrl export`` merges them)."""
+        self.model.save_pretrained(path)
+        self.processor.save_pretrained(path)
+        if self.lora and self.source is None:  # tiny spec-built bases only
+            self.write_plain_folder(Path(path) / BASE_FOLDER, self.plain_state_dict(merged=False))
+
+    def load_weights(self, path: str) -> None:
+        if self.lora:
+            load_lora_weights(self.model, path)
+        else:
+            loaded = type(self.model).from_pretrained(path, dtype=next(self.model.parameters()).dtype)
+            self.model.load_state_dict(loaded.state_dict())
+
+    # -- image-token accounting ------------------------------------------------------------------
+    def set_pixel_budget(self, min_pixels: int | None, max_pixels: int | None) -> None:
+        size = self.processor.image_processor.size
+        lo = min_pixels if min_pixels is not None else size["shortest_edge"]
+        hi = max_pixels if max_pixels is not None else size["longest_edge"]
+        if not 0 < lo <= hi:
+            raise ValueError(f"need 0 < min_pixels <= max_pixels, got {lo}, {hi}")
+        self.processor.image_processor.size = {"shortest_edge": lo, "longest_edge": hi}
+        self.min_pixels, self.max_pixels = lo, hi
+        self.patch_size = self.processor.image_processor.patch_size
+        self.merge_size = self.processor.image_processor.merge_size
+
+    def image_tokens(self, width: int, height: int) -> int:
+        """Placeholder tokens of an image already resized to the budget (multiples of patch·merge)."""
+        factor = self.patch_size * self.merge_size
+        return (height // factor) * (width // factor)
+
+    def messages(self, example: Any, index: int) -> list[dict]:
+        prompt, images, system = example.prompt, tuple(example.images), example.system
+        if not isinstance(prompt, str):
+            raise TypeError(f"example {index}: prompt must be a str, got {type(prompt).__name__}")
+        parts = prompt.split(IMAGE_PLACEHOLDER)
+        if len(parts) - 1 != len(images):
+            raise ValueError(f"example {index}: the prompt has {len(parts) - 1} {IMAGE_PLACEHOLDER} placeholder(s) "
+                             f"but {len(images)} image(s) were given; put one {IMAGE_PLACEHOLDER} per image in the prompt")
+        content: list[dict] = []
+        for i, text in enumerate(parts):
+            if text:
+                content.append({"type": "text", "text": text})
+            if i < len(images):
+                content.append({"type": "image", "image": checked_image(images[i], index, i),
+                                "min_pixels": self.min_pixels, "max_pixels": self.max_pixels})
+        user = {"role": "user", "content": content}
+        return [{"role": "system", "content": system}, user] if system is not None else [user]
+
+    def encode(self, examples: Sequence[Any]) -> VisionPrompts:
+        """Examples → model inputs (one row each), with the prompt-length check up front."""
+        from qwen_vl_utils import process_vision_info
+
+        conversations = [self.messages(ex, i) for i, ex in enumerate(examples)]
+        texts = [self.processor.apply_chat_template(c, tokenize=False, add_generation_prompt=True)
+                 for c in conversations]
+        resized: list[tuple[Any, ...]] = []
+        for i, conversation in enumerate(conversations):
+            try:
+                images, _ = process_vision_info(conversation, image_patch_size=self.patch_size)
+            except Exception as err:  # qwen_vl_utils raises bare errors on unreadable/odd images
+                raise ValueError(f"example {i}: an image could not be prepared ({type(err).__name__}: {err})") from None
+            resized.append(tuple(images or ()))
+        tokenizer = self.processor.tokenizer
+        for i, (text, images) in enumerate(zip(texts, resized)):
+            text_tokens = len(tokenizer(text, add_special_tokens=False)["input_ids"]) - len(images)
+            image_tokens = sum(self.image_tokens(*im.size) for im in images)
+            if text_tokens + image_tokens > self.cfg.max_prompt_tokens:
+                raise ValueError(
+                    f"example {i}: the prompt needs {text_tokens} text tokens + {image_tokens} image tokens = "
+                    f"{text_tokens + image_tokens} > policy.args.max_prompt_tokens = {self.cfg.max_prompt_tokens}; "
+                    f"lower policy.args.max_pixels (now {self.max_pixels}) or raise max_prompt_tokens")
+        flat = [im for images in resized for im in images]
+        enc = self.processor(text=texts, images=flat or None, padding=True, padding_side="left", return_tensors="pt")
+        images_per_row = torch.tensor([len(images) for images in resized], dtype=torch.long)
+        grid = enc["image_grid_thw"] if flat else None
+        if grid is not None:  # the processor must have kept the budget's sizes (one accounting)
+            counted = sum(self.image_tokens(*im.size) for im in flat)
+            placed = int((enc["input_ids"] == self.processor.image_token_id).sum())
+            if counted != placed:
+                raise RuntimeError(f"image tokens counted {counted} != placed by the processor {placed}")
+        return VisionPrompts(
+            input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
+            mm_token_type_ids=enc["mm_token_type_ids"].long(),
+            pixel_values=enc["pixel_values"].to(next(self.model.parameters()).dtype) if flat else None,
+            image_grid_thw=grid, images_per_row=images_per_row, pad_id=tokenizer.pad_token_id,
+            texts=tuple(texts), images=tuple(resized))
+
+    # -- sampling --------------------------------------------------------------------------------
+    @property
+    def rules(self) -> TokenRules:
+        return TokenRules(self.eos_ids, self.processor.tokenizer.pad_token_id, self.suppressed)
+
+    @property
+    def sampler(self) -> CompletionSampler:
+        if self._sampler is None:
+            if self.cfg.sampler == "hf":
+                self._sampler = HFGenerateSampler(self.cfg.generation_batch_rows)
+            else:
+                from mmrl.samplers.vllm import VLLMSampler  # vLLM is imported only here, on demand
+
+                self._sampler = VLLMSampler(self.cfg.vllm, self.engine_folder, self.hf_state_dict)
+        return self._sampler
+
+    def hf_state_dict(self) -> dict[str, Tensor]:
+        """The current weights under the plain Hugging Face names (LoRA merged in), for an engine
+        holding its own copy (vLLM). Full models: views of the live tensors; LoRA: merged copies."""
+        return self.plain_state_dict(merged=True)
+
+    def plain_state_dict(self, merged: bool) -> dict[str, Tensor]:
+        """Weights under plain HF names: with the LoRA update merged in, or the base's (merged=False)."""
+        if not self.lora:
+            return {name: tensor.detach() for name, tensor in self.model.state_dict().items()}
+        weights = {}
+        if merged:
+            self.model.merge_adapter()
+        try:
+            for name, tensor in self.model.get_base_model().state_dict().items():
+                if "lora_" not in name:
+                    weights[name.replace(".base_layer", "")] = tensor.detach().clone()
+        finally:
+            if merged:
+                self.model.unmerge_adapter()
+        return weights
+
+    def write_plain_folder(self, folder: Path, weights: dict[str, Tensor]) -> None:
+        """A HF folder (config, safetensors, processor) holding ``weights``."""
+        from safetensors.torch import save_file
+
+        folder.mkdir(parents=True, exist_ok=True)
+        self.base_model.config.save_pretrained(folder)
+        save_file({k: v.contiguous().clone() for k, v in weights.items()}, folder / "model.safetensors",
+                  metadata={"format": "pt"})
+        self.processor.save_pretrained(folder)
+
+    def engine_folder(self) -> str:
+        """A HF folder an engine can start from: the source folder, or (spec-built models) a
+        temporary copy of the current weights and processor."""
+        if self.source is not None:
+            return str(self.source)
+        import tempfile
+
+        folder = Path(tempfile.mkdtemp(prefix="mmrl_engine_"))
+        self.write_plain_folder(folder, self.hf_state_dict())
+        return str(folder)
+
+    def end_at_disallowed(self, completions: Completions) -> Completions:
+        """Cut each row at the first suppressed (vision / special) token an engine returned: the
+        row then ends before it, so no stray image token reaches re-scoring."""
+        bad = torch.isin(completions.ids, self.suppressed.to(completions.ids.device)) & (completions.mask == 1)
+        if not bad.any():
+            return completions
+        keep = completions.mask * (bad.long().cumsum(1) == 0).long()
+        return Completions(completions.ids.masked_fill(keep == 0, self.rules.pad_id), keep, completions.logp * keep,
+                           completions.policy_version, completions.stats)
+
+    @torch.no_grad()
+    def rollout(self, examples: Sequence[Any], group_size: int, sampling: SamplingParams, seed: int) -> Rollout:
+        prompts = self.encode(examples)
+        rows = torch.arange(len(examples)).repeat_interleave(group_size)
+        prompts = prompts.select(rows)
+        completions = self.sampler.sample(self.model, prompts, sampling, self.rules, seed, self.version)
+        completions = self.end_at_disallowed(completions)
+        ids, mask = completions.ids.cpu(), completions.mask.cpu()
+        texts = self.processor.tokenizer.batch_decode(ids.masked_fill(mask == 0, self.rules.pad_id),
+                                                      skip_special_tokens=True)
+        payload = VLMPayload(prompts, ids, mask, sampling.temperature)
+        return Rollout(logp=(completions.logp.cpu().float() * mask), mask=mask.float(), group_id=rows.clone(),
+                       example_index=rows, outputs=texts, payload=payload, policy_version=completions.policy_version,
+                       stats=dict(completions.stats))
+
+    # -- scoring ---------------------------------------------------------------------------------
+    def score(self, payload: VLMPayload, with_entropy: bool = False, with_token_types: bool = True) -> PolicyOutput:
+        """Log-probs of the completions under the current weights ([N, T], with gradients).
+
+        ``with_token_types=False`` drops ``mm_token_type_ids`` (the bug the tests demonstrate).
+        """
+        device = self.suppressed.device
+        prompts = payload.prompts.to(device)
+        completion_ids, completion_mask = payload.completion_ids.to(device), payload.completion_mask.to(device)
+        input_ids = torch.cat([prompts.input_ids, completion_ids], 1)
+        attention = torch.cat([prompts.attention_mask, completion_mask], 1)
+        inputs: dict[str, Any] = {}
+        if prompts.image_grid_thw is not None:
+            # 3-D (mRoPE) positions from the token types; the completion is text (type 0).
+            inputs |= {"pixel_values": prompts.pixel_values, "image_grid_thw": prompts.image_grid_thw}
+            if with_token_types:
+                inputs["mm_token_type_ids"] = F.pad(prompts.mm_token_type_ids, (0, completion_ids.shape[1]))
+        else:  # text only: 1-D positions that skip the left padding, as generate computes them
+            inputs["position_ids"] = positions_from_mask(attention)
+        t = completion_ids.shape[1]
+        out = self.model(input_ids=input_ids, attention_mask=attention, use_cache=False, logits_to_keep=t + 1, **inputs)
+        # Position i predicts token i + 1: the last T + 1 positions' first T predict the completion.
+        logp, entropy = token_logprobs(out.logits[:, :-1], completion_ids, payload.temperature, self.suppressed,
+                                       with_entropy)
+        mask = completion_mask.float()
+        return PolicyOutput(logp=logp * mask, entropy=None if entropy is None else entropy * mask)
+
+    def forward(self, rollout: Rollout, with_entropy: bool = False) -> PolicyOutput:
+        return self.score(rollout.payload, with_entropy)
+
+    def target_payload(self, examples: Sequence[Any], targets: Sequence[str]) -> VLMPayload:
+        """Prompts with the given completions (each followed by EOS), as a rollout would hold them."""
+        for i, target in enumerate(targets):
+            if not isinstance(target, str) or not target:
+                raise ValueError(f"SFT target {i} must be a non-empty string, got {target!r}")
+        tokenizer = self.processor.tokenizer
+        eos = tokenizer.convert_ids_to_tokens(self.eos_ids[0])
+        enc = tokenizer([t + eos for t in targets], padding=True, padding_side="right", return_tensors="pt",
+                        add_special_tokens=False)
+        return VLMPayload(self.encode(examples), enc["input_ids"], enc["attention_mask"], 1.0)
+
+    def sft_loss(self, examples: Sequence[Any], targets: Sequence[str]) -> Tensor:
+        payload = self.target_payload(examples, targets)
+        out = self.score(payload)
+        mask = payload.completion_mask.float().to(out.logp.device)
+        return -(out.logp * mask).sum() / mask.sum()
+
+
+def checked_image(image: Any, example: int, position: int) -> Any:
+    """``image`` if it is a readable, non-empty PIL image; else a ValueError saying which one."""
+    from PIL import Image
+
+    if not isinstance(image, Image.Image):
+        raise TypeError(f"example {example}: image {position} must be a PIL.Image, got {type(image).__name__} "
+                        f"(open files with PIL.Image.open and pass the image)")
+    try:
+        image.load()
+    except Exception as err:  # PIL raises OSError / SyntaxError / ... for truncated or corrupt files
+        raise ValueError(f"example {example}: image {position} is corrupt or truncated ({err})") from None
+    if image.width < 1 or image.height < 1:
+        raise ValueError(f"example {example}: image {position} is empty ({image.width}x{image.height})")
+    return image
+

@@ -1,0 +1,166 @@
+"""Run episodes of gymnasium vector envs with a policy's decision function; record them as arrays.
+
+One row = one episode, ``T`` = decisions (a decision is one action chunk of ``chunk`` env steps).
+The runner knows nothing of mmrl's envs or tasks: examples only need ``env_id: str`` and
+``seed: int`` (:class:`EnvExample`), and rows of the same example start from the same initial
+state (``reset(seed=)``), which is what GRPO's same-init groups need.
+
+Episodes are run in batches of at most ``num_envs`` sub-envs in a ``SyncVectorEnv`` or
+``AsyncVectorEnv`` (subprocesses), kept in a pool keyed by the batch's env ids so that envs (and
+their renderers) are built once. Observation dicts must hold ``image`` [H, W, 3] uint8,
+``proprio`` [P] float and ``instruction`` (text).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import gymnasium
+import numpy as np
+from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
+
+
+class EnvExample(Protocol):
+    env_id: str
+    seed: int
+
+
+@dataclass(frozen=True)
+class EpisodeSummary:
+    """What ``task.reward`` scores: the outcome of one episode."""
+
+    env_id: str
+    seed: int
+    success: bool
+    episode_return: float  # Σ_t r_t (for potential-based rewards: Φ(s_T) − Φ(s_0))
+    length: int  # env steps taken
+
+
+@dataclass
+class EpisodeBatch:
+    """N recorded episodes, decisions padded to the longest (``mask``)."""
+
+    images: np.ndarray  # [N, T, H, W, 3] uint8: the observation each decision was made from
+    proprio: np.ndarray  # [N, T, P] float32
+    instructions: list[str]  # [N]
+    records: dict[str, np.ndarray]  # each [N, T, ...]: what the decision function returned per decision
+    step_rewards: np.ndarray  # [N, T] float32: env reward summed over each decision's chunk
+    dones: np.ndarray  # [N, T] float32: 1 at the decision after which the episode ended
+    mask: np.ndarray  # [N, T] float32: 1 for real decisions
+    summaries: list[EpisodeSummary]
+    frames: list[list[np.ndarray]] | None = None  # per episode, every env step's image (videos)
+
+
+# decide(images [B,H,W,3] uint8, proprio [B,P], instructions [B]) -> (actions [B, chunk, A], records {k: [B, ...]})
+DecideFn = Callable[[np.ndarray, np.ndarray, list[str]], tuple[np.ndarray, dict[str, np.ndarray]]]
+
+
+class GymRunner:
+    def __init__(self, num_envs: int, vector_mode: Literal["sync", "async"], env_kwargs: dict | None = None):
+        if num_envs < 1:
+            raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+        self.num_envs, self.vector_mode, self.env_kwargs = num_envs, vector_mode, dict(env_kwargs or {})
+        self._pool: dict[tuple[str, ...], VectorEnv] = {}
+
+    def vector_env(self, env_ids: tuple[str, ...]) -> VectorEnv:
+        if env_ids not in self._pool:
+            for env_id in set(env_ids):
+                if env_id not in gymnasium.registry:
+                    raise gymnasium.error.NameNotFound(f"environment {env_id!r} is not registered; import the "
+                                                       f"package that registers it (mmrl.envs for mmrl/*)")
+            kwargs = self.env_kwargs
+
+            def make(env_id: str):
+                return lambda: gymnasium.make(env_id, disable_env_checker=True, **kwargs)
+
+            fns = [make(env_id) for env_id in env_ids]
+            cls = SyncVectorEnv if self.vector_mode == "sync" else AsyncVectorEnv
+            self._pool[env_ids] = cls(fns, autoreset_mode=AutoresetMode.NEXT_STEP)
+        return self._pool[env_ids]
+
+    def __deepcopy__(self, memo: dict) -> GymRunner:
+        """A copy of a policy (the trainer's frozen reference) gets its own, empty env pool."""
+        return GymRunner(self.num_envs, self.vector_mode, self.env_kwargs)
+
+    def close(self) -> None:
+        for env in self._pool.values():
+            env.close()
+        self._pool.clear()
+
+    def run(self, env_ids: Sequence[str], seeds: Sequence[int], decide: DecideFn, chunk: int,
+            max_decisions: int, record_frames: bool = False) -> EpisodeBatch:
+        """Run one episode per (env id, seed) for at most ``max_decisions`` decisions."""
+        parts = [self._run_batch(tuple(env_ids[i:i + self.num_envs]), list(seeds[i:i + self.num_envs]), decide,
+                                 chunk, max_decisions, record_frames)
+                 for i in range(0, len(env_ids), self.num_envs)]
+        return concat_batches(parts)
+
+    def _run_batch(self, env_ids: tuple[str, ...], seeds: list[int], decide: DecideFn, chunk: int,
+                   max_decisions: int, record_frames: bool) -> EpisodeBatch:
+        env = self.vector_env(env_ids)
+        n = len(env_ids)
+        obs, _ = env.reset(seed=[int(s) for s in seeds])
+        instructions = [str(x) for x in obs["instruction"]]
+        active = np.ones(n, dtype=bool)
+        returns, lengths, success = np.zeros(n), np.zeros(n, dtype=int), np.zeros(n, dtype=bool)
+        images, proprio, records, rewards, dones, masks = [], [], [], [], [], []
+        frames = [[obs["image"][i]] for i in range(n)] if record_frames else None
+        for _ in range(max_decisions):
+            if not active.any():
+                break
+            actions, record = decide(obs["image"], obs["proprio"].astype(np.float32), instructions)
+            if actions.shape[:2] != (n, chunk):
+                raise ValueError(f"decide returned actions of shape {actions.shape}, expected ({n}, {chunk}, A)")
+            images.append(obs["image"])
+            proprio.append(obs["proprio"].astype(np.float32))
+            records.append(record)
+            masks.append(active.astype(np.float32))
+            reward, done = np.zeros(n, dtype=np.float32), np.zeros(n, dtype=np.float32)
+            for k in range(chunk):
+                was_active = active.copy()
+                obs, r, terminated, truncated, info = env.step(actions[:, k])
+                reward += np.where(was_active, r, 0.0).astype(np.float32)
+                ended = was_active & (terminated | truncated)
+                returns += np.where(was_active, r, 0.0)
+                lengths += was_active
+                success |= ended & np.asarray(info["success"], dtype=bool)
+                if frames is not None:
+                    for i in np.flatnonzero(was_active):
+                        frames[i].append(obs["image"][i])
+                done[ended] = 1.0
+                active &= ~ended
+                if not active.any():
+                    break
+            rewards.append(reward)
+            dones.append(done)
+        t = len(masks)
+        if active.any():  # the decision budget ran out before the env's own time limit
+            dones[-1][active] = 1.0
+        summaries = [EpisodeSummary(env_ids[i], int(seeds[i]), bool(success[i]), float(returns[i]), int(lengths[i]))
+                     for i in range(n)]
+        stack = lambda xs: np.stack(xs, axis=1)  # noqa: E731  T × [N, ...] → [N, T, ...]
+        return EpisodeBatch(
+            images=stack(images), proprio=stack(proprio), instructions=instructions,
+            records={k: stack([r[k] for r in records]) for k in records[0]} if t else {},
+            step_rewards=stack(rewards), dones=stack(dones), mask=stack(masks), summaries=summaries, frames=frames)
+
+
+def concat_batches(parts: Sequence[EpisodeBatch]) -> EpisodeBatch:
+    """Stack episode batches row-wise, zero-padding the decision axis."""
+    t_max = max(p.mask.shape[1] for p in parts)
+
+    def pad(x: np.ndarray) -> np.ndarray:
+        return np.pad(x, [(0, 0), (0, t_max - x.shape[1])] + [(0, 0)] * (x.ndim - 2))
+
+    return EpisodeBatch(
+        images=np.concatenate([pad(p.images) for p in parts]),
+        proprio=np.concatenate([pad(p.proprio) for p in parts]),
+        instructions=[s for p in parts for s in p.instructions],
+        records={k: np.concatenate([pad(p.records[k]) for p in parts]) for k in parts[0].records},
+        step_rewards=np.concatenate([pad(p.step_rewards) for p in parts]),
+        dones=np.concatenate([pad(p.dones) for p in parts]),
+        mask=np.concatenate([pad(p.mask) for p in parts]),
+        summaries=[s for p in parts for s in p.summaries],
+        frames=None if parts[0].frames is None else [f for p in parts for f in p.frames])

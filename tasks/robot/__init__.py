@@ -1,0 +1,10 @@
+"""Robot tasks over the MuJoCo table-top envs: ``robot/reach-v0``, ``robot/push-v0``, ``robot/pick_place-v0``."""
+
+from mmrl.registry import register_task
+from mmrl.tasks.robot.tabletop import (Demonstration, EpisodeExample, RobotTask, RobotTaskConfig, episode_reward,
+                                       make_task_factory)
+
+for _name in ("reach", "push", "pick_place"):
+    register_task(f"robot/{_name}-v0", make_task_factory(_name), RobotTaskConfig)
+
+__all__ = ["Demonstration", "EpisodeExample", "RobotTask", "RobotTaskConfig", "episode_reward"]

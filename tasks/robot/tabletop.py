@@ -1,0 +1,141 @@
+"""Task adapters over the table-top envs: examples are (env id, seed); the reward is the episode.
+
+- ``sample_batch(split, n, rng)``: ``train`` and ``test`` use the training variation
+  (``mmrl/<Task>-v0``) with disjoint seed ranges; ``ood_color``, ``ood_position``,
+  ``ood_instruction``, ``ood_distractor`` use the held-out variations (``mmrl/<Task>-OOD<X>-v0``).
+- ``reward(example, summary)``: score = the episode return, i.e. Φ(s_T) − Φ(s_0) of the env's
+  potential (success counts 1, progress terms at most 1 together), so the range is [−1, 2];
+  components ``success`` and ``return``. Anything but an episode summary of that example's env
+  and seed scores 0 with the reason in ``info``.
+- ``metrics``: ``success_rate`` (logged ``eval/success_rate``), ``return_mean``, ``length_mean``.
+- ``reference_output(example)``: the scripted expert's demonstration of that episode (for BC),
+  with DART-style noise injection (Laskey et al. 2017): the executed action is perturbed with
+  ``demo_noise`` Gaussian noise, the recorded label is the clean expert action, so BC sees the
+  states its own errors lead to.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import gymnasium
+import numpy as np
+
+from mmrl.contracts import RewardResult
+from mmrl.envs.robot import env_id
+from mmrl.samplers.gym_runner import EpisodeSummary
+
+SPLITS = {"train": "", "test": "", "ood_color": "OODColor", "ood_position": "OODPosition",
+          "ood_instruction": "OODInstruction", "ood_distractor": "OODDistractor"}
+TEST_SEED_OFFSET = 1_000_000  # train seeds are < this, test / OOD seeds are >= it
+
+
+@dataclass(frozen=True)
+class RobotTaskConfig:
+    image_size: int = 64
+    """Camera image side in pixels (the policy's ``image_size`` must match)."""
+    demo_noise: float = 0.3
+    """Std of the Gaussian noise added to the executed expert action in demonstrations (labels stay clean)."""
+    demo_cache: int = 4096
+    """Demonstrations kept in memory (by env id and seed)."""
+
+
+@dataclass(frozen=True)
+class EpisodeExample:
+    env_id: str
+    seed: int
+
+
+@dataclass(frozen=True)
+class Demonstration:
+    images: np.ndarray  # [T, H, W, 3] uint8
+    proprio: np.ndarray  # [T, P] float32
+    instruction: str
+    actions: np.ndarray  # [T, A] float32: the clean expert action at each visited state
+    success: bool
+
+
+def episode_reward(example: EpisodeExample, output: object) -> RewardResult:
+    """Score of one episode: its return Φ(s_T) − Φ(s_0); total on any input.
+
+    >>> episode_reward(EpisodeExample("mmrl/Reach-v0", 3), EpisodeSummary("mmrl/Reach-v0", 3, True, 1.5, 9)).score
+    1.5
+    >>> episode_reward(EpisodeExample("mmrl/Reach-v0", 3), "reach").info
+    'not an episode summary: str'
+    """
+    if not isinstance(output, EpisodeSummary):
+        return RewardResult(0.0, {"success": 0.0, "return": 0.0}, f"not an episode summary: {type(output).__name__}")
+    if (output.env_id, output.seed) != (example.env_id, example.seed):
+        return RewardResult(0.0, {"success": 0.0, "return": 0.0},
+                            f"episode of {output.env_id} seed {output.seed} scored for {example.env_id} seed {example.seed}")
+    if not np.isfinite(output.episode_return):
+        return RewardResult(0.0, {"success": 0.0, "return": 0.0}, "non-finite episode return")
+    success = float(output.success)
+    return RewardResult(float(output.episode_return), {"success": success, "return": float(output.episode_return)},
+                        "" if success else f"no success in {output.length} steps")
+
+
+class RobotTask:
+    reward_range = (-1.0, 2.0)
+
+    def __init__(self, task: str, cfg: RobotTaskConfig):
+        self.task, self.cfg = task, cfg
+        self.id = f"robot/{task}-v0"
+        self._demos: OrderedDict[tuple[str, int], Demonstration] = OrderedDict()
+        self._env: dict[str, gymnasium.Env] = {}
+
+    def sample_batch(self, split: str, n: int, rng: np.random.Generator) -> list[EpisodeExample]:
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}; {self.id} has {', '.join(SPLITS)}")
+        low = 0 if split == "train" else TEST_SEED_OFFSET
+        seeds = rng.integers(low, low + TEST_SEED_OFFSET, size=n)
+        return [EpisodeExample(env_id(self.task, SPLITS[split]), int(s)) for s in seeds]
+
+    def reward(self, example: EpisodeExample, output: object) -> RewardResult:
+        return episode_reward(example, output)
+
+    def metrics(self, examples: Sequence[EpisodeExample], outputs: Sequence[object],
+                results: Sequence[RewardResult]) -> dict[str, float]:
+        lengths = [o.length for o in outputs if isinstance(o, EpisodeSummary)]
+        return {"success_rate": float(np.mean([r.components["success"] for r in results])),
+                "return_mean": float(np.mean([r.components["return"] for r in results])),
+                "length_mean": float(np.mean(lengths)) if lengths else 0.0}
+
+    def reference_output(self, example: EpisodeExample) -> Demonstration:
+        key = (example.env_id, example.seed)
+        if key not in self._demos:
+            self._demos[key] = self.demonstrate(example)
+            if len(self._demos) > self.cfg.demo_cache:
+                self._demos.popitem(last=False)
+        return self._demos[key]
+
+    def demonstrate(self, example: EpisodeExample) -> Demonstration:
+        """Run the scripted expert (with noise injection) for one episode; record obs and labels."""
+        if example.env_id not in self._env:
+            self._env[example.env_id] = gymnasium.make(example.env_id, image_size=self.cfg.image_size,
+                                                       disable_env_checker=True)
+        env = self._env[example.env_id]
+        rng = np.random.default_rng([example.seed, 7])
+        obs, _ = env.reset(seed=example.seed)
+        images, proprio, actions = [], [], []
+        while True:
+            expert = env.unwrapped.expert_action()
+            images.append(obs["image"])
+            proprio.append(obs["proprio"])
+            actions.append(expert)
+            executed = np.clip(expert + self.cfg.demo_noise * rng.standard_normal(expert.shape), -1, 1)
+            obs, _, terminated, truncated, info = env.step(executed.astype(np.float32))
+            if terminated or truncated:
+                break
+        return Demonstration(np.stack(images), np.stack(proprio).astype(np.float32), obs["instruction"],
+                             np.stack(actions).astype(np.float32), bool(info["success"]))
+
+
+def make_task_factory(task: str):
+    def factory(cfg: RobotTaskConfig) -> RobotTask:
+        return RobotTask(task, cfg)
+
+    factory.__name__ = f"make_{task}_task"
+    return factory

@@ -1,0 +1,228 @@
+"""The diffusion policy: on-policy re-scoring, seeding, pipeline folders, LoRA, bad input, NaN
+trajectories, and short DDPO / Flow-GRPO learning runs through the shared trainer."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from mmrl.config import load_config
+from mmrl.imagegen_pretrain import pretrain
+from mmrl.policies.diffusion import DiffusionConfig, DiffusionPolicy
+from mmrl.registry import make_task
+from mmrl.rollout import SamplingParams
+
+QUIET = ["log.progress=false", "log.tensorboard=false"]
+
+
+@pytest.fixture(scope="module")
+def pipelines(tmp_path_factory):
+    """Barely pretrained pipelines of both kinds (mechanics only; seconds to build)."""
+    root = tmp_path_factory.mktemp("pipelines")
+    return {kind: pretrain(f"assets/imagegen/{kind}_tiny.json", root / kind, progress=False, steps=3)
+            for kind in ("ddim", "flow")}
+
+
+def policy_of(pipelines, kind: str, **changes) -> DiffusionPolicy:
+    cfg = DiffusionConfig(pretrained=str(pipelines[kind]), num_steps=4, eval_num_steps=5, **changes)
+    return DiffusionPolicy.from_config(cfg)
+
+
+def prompts(n: int):
+    return make_task("imagegen/shapes-v0").sample_batch("train", n, np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("kind", ["ddim", "flow"])
+def test_on_policy_logprobs_match_the_sampler(pipelines, kind):
+    """Re-scoring the sampled trajectory under the same weights (CFG, all steps in one call)
+    gives the sampler's per-step log-probs: the PPO ratio is exactly 1 on-policy."""
+    policy = policy_of(pipelines, kind, train_window=(1, 3))
+    rollout = policy.rollout(prompts(3), 2, SamplingParams(), seed=5)
+    assert rollout.logp.shape == (6, 4)
+    assert rollout.mask.tolist() == [[0.0, 1.0, 1.0, 0.0]] * 6
+    assert (rollout.logp[:, [0, 3]] == 0).all() and torch.isfinite(rollout.logp).all()
+    out = policy(rollout)
+    torch.testing.assert_close(out.logp, rollout.logp, atol=2e-5, rtol=0)
+    assert torch.exp(out.logp - rollout.logp)[rollout.mask > 0].sub(1).abs().max() < 1e-4
+    assert out.mean.shape == (6, 4, 3, 16, 16) and out.std.shape == (6, 4)
+    out.logp.sum().backward()
+    assert all(p.grad is None for p in policy.text_encoder.parameters())  # frozen
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in policy.unet.parameters())
+
+
+@pytest.mark.parametrize("kind", ["ddim", "flow"])
+def test_rollouts_are_seeded_and_eval_is_deterministic(pipelines, kind):
+    policy = policy_of(pipelines, kind)
+    a = policy.rollout(prompts(2), 2, SamplingParams(), seed=1)
+    b = policy.rollout(prompts(2), 2, SamplingParams(), seed=1)
+    c = policy.rollout(prompts(2), 2, SamplingParams(), seed=2)
+    assert torch.equal(a.payload.latents, b.payload.latents) and torch.equal(a.logp, b.logp)
+    assert not torch.equal(a.payload.latents, c.payload.latents)
+    assert a.group_id.tolist() == [0, 0, 1, 1]
+    ev = policy.rollout(prompts(2), 1, SamplingParams(temperature=0.0), seed=1)
+    assert ev.logp.shape == (2, 5) and ev.mask.sum() == 0  # eval_num_steps, no decisions
+    assert ev.outputs[0].dtype == np.uint8 and ev.outputs[0].shape == (16, 16, 3)
+    with pytest.raises(ValueError, match="temperature 1"):
+        policy.rollout(prompts(1), 1, SamplingParams(temperature=0.7), seed=0)
+
+
+def test_payload_select_and_concat(pipelines):
+    policy = policy_of(pipelines, "ddim")
+    a = policy.rollout(prompts(2), 2, SamplingParams(), seed=1)
+    both = type(a).concat([a, a.select(torch.tensor([1, 2]))])
+    assert both.payload.latents.shape[0] == 6
+    torch.testing.assert_close(policy(both).logp, both.logp, atol=2e-5, rtol=0)
+    other = policy_of(pipelines, "ddim", eta=0.5).rollout(prompts(1), 1, SamplingParams(), seed=1)
+    with pytest.raises(ValueError, match="different denoising schedules"):
+        type(a).concat([a, other])
+
+
+def test_pipeline_folder_round_trip_loads_with_diffusers(pipelines, tmp_path):
+    from diffusers import DDIMScheduler, UNet2DModel
+    from transformers import CLIPTextModel
+
+    policy = policy_of(pipelines, "ddim")
+    policy.save_pretrained(str(tmp_path / "saved"))
+    index = json.loads((tmp_path / "saved" / "model_index.json").read_text())
+    assert index["unet"] == ["diffusers", "UNet2DModel"] and index["scheduler"] == ["diffusers", "DDIMScheduler"]
+    UNet2DModel.from_pretrained(tmp_path / "saved" / "unet")  # loads without mmrl
+    CLIPTextModel.from_pretrained(tmp_path / "saved" / "text_encoder")
+    assert not DDIMScheduler.from_pretrained(tmp_path / "saved" / "scheduler").config.set_alpha_to_one
+    again = DiffusionPolicy.from_config(DiffusionConfig(pretrained=str(tmp_path / "saved"), num_steps=4))
+    a = policy.rollout(prompts(2), 1, SamplingParams(), seed=3)
+    b = again.rollout(prompts(2), 1, SamplingParams(), seed=3)
+    torch.testing.assert_close(a.payload.latents, b.payload.latents)
+
+
+def test_bad_pipeline_folders_and_prompts(pipelines, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(pipelines["ddim"], broken)
+    shutil.rmtree(broken / "text_encoder")
+    with pytest.raises(FileNotFoundError, match="lacks the components \\['text_encoder'\\]"):
+        DiffusionPolicy.from_config(DiffusionConfig(pretrained=str(broken)))
+    with pytest.raises(FileNotFoundError, match="no model_index.json"):
+        DiffusionPolicy.from_config(DiffusionConfig(pretrained=str(tmp_path)))
+    with pytest.raises(ValueError, match="exactly one of pretrained"):
+        DiffusionPolicy.from_config(DiffusionConfig())
+    one = tmp_path / "alpha_one"
+    shutil.copytree(pipelines["ddim"], one)
+    sched_file = one / "scheduler" / "scheduler_config.json"
+    sched_file.write_text(json.dumps({**json.loads(sched_file.read_text()), "set_alpha_to_one": True}))
+    with pytest.raises(ValueError, match="set_alpha_to_one"):
+        DiffusionPolicy.from_config(DiffusionConfig(pretrained=str(one)))
+    policy = policy_of(pipelines, "ddim")
+    with pytest.raises(ValueError, match=r"\['purple'\] are not in the text encoder's vocabulary"):
+        policy.generate(["one purple circle left"], seed=0)
+    with pytest.raises(ValueError, match="train_window"):
+        policy_of(pipelines, "ddim", train_window=(2, 9))
+
+
+def test_lora_adapters_reference_and_save(pipelines, tmp_path):
+    policy = policy_of(pipelines, "ddim", lora_rank=2, lora_target_modules=("conv1", "conv2"))
+    trainable = [n for n, p in policy.named_parameters() if p.requires_grad]
+    assert trainable and all("lora" in n for n in trainable)
+    rollout = policy.rollout(prompts(2), 1, SamplingParams(), seed=0)
+    with torch.no_grad():  # move the adapters away from B = 0
+        for n, p in policy.named_parameters():
+            if "lora_B" in n:
+                p.add_(0.05)
+    tuned = policy(rollout).logp
+    with policy.adapter_disabled():
+        base = policy(rollout).logp
+    torch.testing.assert_close(base, rollout.logp, atol=2e-5, rtol=0)  # adapters off = the base
+    assert (tuned - base).abs().max() > 1e-4
+    policy.save_pretrained(str(tmp_path / "lora"))
+    fresh = policy_of(pipelines, "ddim", lora_rank=2, lora_target_modules=("conv1", "conv2"))
+    fresh.load_weights(str(tmp_path / "lora"))
+    torch.testing.assert_close(fresh(rollout).logp, tuned)
+
+
+def test_non_finite_trajectories_are_masked_and_score_zero(pipelines):
+    policy = policy_of(pipelines, "flow")
+    with torch.no_grad():
+        policy.unet.conv_out.bias.fill_(float("nan"))
+    rollout = policy.rollout(prompts(2), 2, SamplingParams(), seed=0)
+    assert rollout.mask.sum() == 0 and rollout.stats["rollout/nonfinite_rows"] == 4
+    assert torch.isfinite(rollout.logp).all()
+    out = policy(rollout)  # nothing to evaluate: finite zeros, still connected to the weights
+    assert torch.isfinite(out.logp).all() and out.logp.requires_grad
+    task = make_task("imagegen/shapes-v0")
+    result = task.reward(prompts(2)[0], rollout.outputs[0])
+    assert result.score == 0.0 and "non-finite" in result.info
+
+
+def test_ddpo_recipe_trains_through_the_shared_trainer(pipelines, tmp_path):
+    """A short DDPO run on JPEG compressibility (DDPO's first task) from a barely pretrained
+    model: the held-out compressibility reward must rise; the run reproduces exactly."""
+    from mmrl.logging import read_metrics
+    from mmrl.trainer import train
+
+    overrides = [*QUIET, "policy.args.pretrain_config=null", f"policy.args.pretrained={pipelines['ddim']}",
+                 "task.args.reward_weights={jpeg_compressibility: 1.0}", "policy.args.num_steps=4",
+                 "policy.args.eval_num_steps=4", "rollout.prompts_per_step=4", "rollout.group_size=4",
+                 "trainer.steps=6", "trainer.lr=3e-3", "eval.every=0", "eval.num_examples=16", "checkpoint.every=0"]
+    cfg = load_config("ddpo/tiny_cpu", overrides)
+    rows = read_metrics(train(cfg, tmp_path / "a"))
+    evals = [r["eval/reward_mean"] for r in rows if "eval/reward_mean" in r]
+    assert evals[-1] > evals[0] + 0.01, evals
+    assert all(r["train/skipped_updates"] == 0 for r in rows if "train/skipped_updates" in r)
+    again = read_metrics(train(cfg, tmp_path / "b"))
+    assert [r.get("reward/mean") for r in again] == [r.get("reward/mean") for r in rows]
+
+
+def tiny_latent_pipeline(folder):
+    """A Stable-Diffusion-shaped folder at toy size: cross-attention UNet2DConditionModel, VAE,
+    CLIP text encoder, DDIM scheduler (the same code path as a real local SD folder on a GPU)."""
+    from diffusers import AutoencoderKL, DDIMScheduler, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    from mmrl.imagegen_pretrain import word_tokenizer
+    from mmrl.policies.diffusion import save_pipeline
+    from mmrl.tasks.imagegen import prompt_vocabulary
+
+    torch.manual_seed(0)
+    tokenizer = word_tokenizer(prompt_vocabulary())
+    text = CLIPTextModel(CLIPTextConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+                                        num_hidden_layers=1, num_attention_heads=2, max_position_embeddings=8,
+                                        pad_token_id=0, eos_token_id=1, bos_token_id=1))
+    unet = UNet2DConditionModel(sample_size=8, in_channels=4, out_channels=4, block_out_channels=(16, 32),
+                                layers_per_block=1, norm_num_groups=8, cross_attention_dim=32,
+                                attention_head_dim=4,
+                                down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+                                up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"))
+    vae = AutoencoderKL(in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(8, 16),
+                        down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
+                        norm_num_groups=8, sample_size=16)
+    scheduler = DDIMScheduler(beta_schedule="scaled_linear", clip_sample=False, set_alpha_to_one=False, steps_offset=1)
+    save_pipeline(folder, unet, scheduler, text, tokenizer, vae)
+    return folder
+
+
+def test_latent_cross_attention_pipeline_takes_the_same_path(tmp_path):
+    folder = tiny_latent_pipeline(tmp_path / "sd_like")
+    policy = DiffusionPolicy.from_config(DiffusionConfig(pretrained=str(folder), num_steps=3, eval_num_steps=3,
+                                                         lora_rank=2))
+    assert policy.cross_attention and policy.vae is not None
+    rollout = policy.rollout(prompts(2), 2, SamplingParams(), seed=0)
+    assert rollout.payload.latents.shape == (4, 4, 4, 8, 8) and rollout.outputs[0].shape == (16, 16, 3)
+    torch.testing.assert_close(policy(rollout).logp, rollout.logp, atol=2e-5, rtol=0)
+    assert all("lora" in n for n, p in policy.named_parameters() if p.requires_grad)
+
+
+@pytest.mark.gpu
+def test_local_stable_diffusion_folder_on_gpu():
+    """A real local SD folder (set MMRL_SD_PIPELINE): LoRA, DDIM from its config, ratio 1 on-policy."""
+    import os
+
+    if not torch.cuda.is_available() or "MMRL_SD_PIPELINE" not in os.environ:
+        pytest.skip("needs a CUDA device and MMRL_SD_PIPELINE=<local Stable Diffusion pipeline folder>")
+    cfg = DiffusionConfig(pretrained=os.environ["MMRL_SD_PIPELINE"], scheduler="ddim", num_steps=4, lora_rank=4,
+                          guidance_scale=5.0)
+    policy = DiffusionPolicy.from_config(cfg).cuda()
+    rollout = policy.rollout(prompts(1), 2, SamplingParams(), seed=0)
+    torch.testing.assert_close(policy(rollout).logp.cpu(), rollout.logp, atol=1e-3, rtol=0)
