@@ -102,10 +102,11 @@ def main() -> None:
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args()
     size, n = args.image_size, args.num_envs
-    make = lambda: gymnasium.make(ENV_ID, image_size=size, disable_env_checker=True)  # noqa: E731
+    spec = gymnasium.spec(ENV_ID)  # a spec, not an id: spawned workers have no mmrl/* registrations
+    make = lambda: gymnasium.make(spec, image_size=size, disable_env_checker=True)  # noqa: E731
     env = make()
     sync = gymnasium.vector.SyncVectorEnv([make] * n)
-    asyn = gymnasium.vector.AsyncVectorEnv([make] * args.async_envs)
+    asyn = gymnasium.vector.AsyncVectorEnv([make] * args.async_envs, context="spawn", shared_memory=False)  # fork + GL state crashes
     runs: dict[str, list[float]] = {}
     try:
         for _ in range(args.rounds):

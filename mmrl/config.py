@@ -21,7 +21,8 @@ import yaml
 from mmrl.algos import (ADVANTAGE_ESTIMATORS, AGGREGATIONS, GAUSSIAN_KL_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES,
                         SHAPING_HOOKS)
 from mmrl.algos.config import AlgoConfig
-from mmrl.algos.variants import REHEARSAL_DIVERGENCES, ROLLOUT_STRATEGIES, algo_needs, validate_extra
+from mmrl.algos.variants import (LOSS_TERMS, REHEARSAL_DIVERGENCES, ROLLOUT_STRATEGIES, TEMPERATURE_SCHEDULES, algo_needs,
+                                 validate_extra)
 from mmrl.paths import recipes_dir
 
 
@@ -332,6 +333,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     for hook in a.shaping:
         _lookup(SHAPING_HOOKS, hook)
     _lookup(ROLLOUT_STRATEGIES, a.rollout_strategy)
+    for term in a.loss_terms:
+        _lookup(LOSS_TERMS, term)
+    _lookup(TEMPERATURE_SCHEDULES, a.temperature_schedule)
     if a.rehearsal_divergence is not None:
         _lookup(REHEARSAL_DIVERGENCES, a.rehearsal_divergence)
     validate_extra(a)  # algo.extra.<variant> sections: typed, unknown keys rejected

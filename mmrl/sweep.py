@@ -75,6 +75,13 @@ SWEEP_ARMS.register("dph_rl", SweepArm(("algo.rehearsal_divergence=js",
                                        "DPH-RL, arXiv 2509.07430 (JS to π_0 on its always-solved samples, coef 0.1)"))
 SWEEP_ARMS.register("visurf", SweepArm(("rollout.reference_rows=1",),
                                        "ViSurf, arXiv 2510.10606 (1 reference answer + 7 samples per group)"))
+SWEEP_ARMS.register("erpo", SweepArm(("algo.temperature_schedule=erpo",),
+                                     "ERPO, arXiv 2511.04800 (all-correct prompts re-sampled +0.1 hotter, ≤ 1.5, "
+                                     "reset once mixed; schedule INFERRED)"))
+SWEEP_ARMS.register("calibrl", SweepArm(("algo.loss_terms=[calibrl]", "algo.norm_adv_by_std=false",
+                                         "algo.dual_clip_c=3.0"),
+                                        "CalibRL, arXiv 2602.20197 (Dr.GRPO, dual clip 3, + 0.1 × LeakyReLU calibration "
+                                        "to the reference answer)"))
 
 
 @dataclass(frozen=True)
@@ -222,17 +229,19 @@ def plot_sweep(results: dict, path: Path) -> Path:
     k = results["pass_k"]
     fig, axes = plt.subplots(1, 2 if k else 1, figsize=(11 if k else 6, 3.8), squeeze=False)
     ax = axes[0][0]
-    for arm in results["arms"]:
+    colours = plt.cm.tab20(np.linspace(0, 1, 20))
+    for i, arm in enumerate(results["arms"]):
         curves = [r["curve"] for r in results["runs"][arm].values()]
         steps = [p[0] for p in curves[0]]
         values = np.array([[p[1] for p in c] for c in curves if len(c) == len(steps)])
         mean, std = values.mean(0), values.std(0, ddof=1) if len(values) > 1 else np.zeros(len(steps))
-        ax.plot(steps, mean, "o-", markersize=3, label=arm)
-        ax.fill_between(steps, mean - std, mean + std, alpha=0.15)
+        colour = colours[(2 * i) % 20 if i < 10 else (2 * i + 1) % 20]
+        ax.plot(steps, mean, "o-", markersize=3, label=arm, color=colour)
+        ax.fill_between(steps, mean - std, mean + std, alpha=0.12, color=colour)
     ax.set_xlabel("step")
     ax.set_ylabel("eval/reward_mean")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=6, ncol=2, loc="upper left")
     if k:
         ax = axes[0][1]
         arms = results["arms"]

@@ -25,7 +25,8 @@ from mmrl import checkpoint as ckpt
 from mmrl.algos import (ADVANTAGE_ESTIMATORS, GAUSSIAN_KL_ESTIMATORS, POLICY_LOSSES, SHAPING_HOOKS, AdvantageInputs,
                         ShapingContext, aggregate, groups_with_signal, kl_penalty, overlong_penalty,
                         truncated_is_weights, value_loss)
-from mmrl.algos.variants import (REHEARSAL_DIVERGENCES, ROLLOUT_STRATEGIES, PromptHistory, algo_needs,
+from mmrl.algos.variants import (LOSS_TERMS, REHEARSAL_DIVERGENCES, ROLLOUT_STRATEGIES, TEMPERATURE_SCHEDULES,
+                                 LossTermInputs, LossTermRows, PromptHistory, PromptTemperatures, algo_needs,
                                  perturbed_parameters, prompt_key, variant_params)
 from mmrl.config import ConfigError, TrainConfig, dump_config
 from mmrl.contracts import Policy, PolicyOutput, RewardResult
@@ -109,6 +110,7 @@ class Trainer:
         # behaviour entropy, per-prompt history (checkpointed), reference log-probs.
         self.needs = algo_needs(cfg.algo)
         self.history = PromptHistory()
+        self.prompt_temperatures = PromptTemperatures()  # algo.temperature_schedule (ERPO), checkpointed
         self.rehearsal = self.build_rehearsal_set()
         if resume:
             self.load_checkpoint()
@@ -132,7 +134,7 @@ class Trainer:
                 row["train/skipped_nonfinite_reward"] = 1  # a NaN reward: skip the step, keep going
             else:
                 advantages, returns, ref_logp = self.advantages(batch)
-                row |= self.update(batch.rollout, advantages, returns, ref_logp)
+                row |= self.update(batch.rollout, advantages, returns, ref_logp, self.loss_term_rows(batch))
             row |= {"perf/rollout_s": rollout_s, "perf/step_s": time.perf_counter() - start,
                     "perf/decisions_per_s": self.engine.sum(batch.rollout.mask.sum()) / max(rollout_s, 1e-9)}
             if self.step == cfg.trainer.steps or (cfg.eval.every and self.step % cfg.eval.every == 0):
@@ -155,11 +157,14 @@ class Trainer:
         dropped: list[Batch] = []
         sampler_stats: dict[str, float] = {}
         rounds = n_dropped = generated = 0
+        temperature_sum = 0.0
         while True:
             examples = self.task.sample_batch("train", cfg.rollout.prompts_per_step, self.data_rng)
             examples = examples[eng.rank::eng.world_size]
             seed = derive_seed(cfg.trainer.seed, self.step, rounds, eng.rank)
-            rollout = self.sample(examples, cfg.rollout.group_size - cfg.rollout.reference_rows, sampling, seed)
+            temperatures = self.sampling_temperatures(examples)  # [E] (ERPO), None with the fixed schedule
+            rollout = self.sample(examples, cfg.rollout.group_size - cfg.rollout.reference_rows, sampling, seed,
+                                  temperatures)
             generated += rollout.num_rows
             if cfg.rollout.reference_rows:
                 rollout = self.with_reference_rows(rollout, examples, sampling)
@@ -167,7 +172,10 @@ class Trainer:
             for key, value in rollout.stats.items():  # sampler measurements (perf/weight_sync_s, ...)
                 sampler_stats[key] = sampler_stats.get(key, 0.0) + value
             rounds += 1
-            part, more = self.apply_rollout_strategy(part, examples, sampling, seed)
+            if temperatures is not None:
+                temperature_sum += float(temperatures.mean())
+                self.update_prompt_temperatures(part, temperatures)
+            part, more = self.apply_rollout_strategy(part, examples, sampling, seed, temperatures)
             generated += more
             if not cfg.algo.dynamic_sampling:
                 kept.append(part)
@@ -184,16 +192,48 @@ class Trainer:
             sampling_stats = {"rollout/gen_rounds": rounds, "rollout/dropped_groups": eng.sum(n_dropped)}
         else:
             batch, sampling_stats = kept[0], {}
+        if cfg.algo.temperature_schedule != "fixed":
+            sampling_stats |= {"rollout/temperature_mean": eng.mean(temperature_sum / rounds),
+                               "rollout/hot_prompts": len(self.prompt_temperatures)}
         batch.stats = (self.reward_stats(batch) | sampling_stats | {k: eng.mean(v) for k, v in sampler_stats.items()}
                        | {"rollout/len_mean": eng.mean(batch.rollout.lengths.float().mean()),
                           "rollout/generated": eng.sum(generated),
                           "rollout/trained_rows": eng.sum(batch.rollout.num_rows)})
         return batch
 
-    def sample(self, examples: list[Any], group_size: int, sampling: SamplingParams, seed: int) -> Rollout:
-        """Training rollouts; with ``rollout.param_noise_std`` > 0 drawn from perturbed weights (PSN-RLVR)."""
+    def sample(self, examples: list[Any], group_size: int, sampling: SamplingParams, seed: int,
+               temperatures: Tensor | None = None) -> Rollout:
+        """Training rollouts; with ``rollout.param_noise_std`` > 0 drawn from perturbed weights (PSN-RLVR).
+        With per-example ``temperatures`` ([E], ERPO) one sampling call per distinct temperature; the
+        rows come back in example order, as from one call."""
         with perturbed_parameters(self.policy, self.cfg.rollout.param_noise_std, derive_seed(seed, 13)):
-            return self.policy.rollout(examples, group_size, sampling, seed)
+            if temperatures is None or bool((temperatures == sampling.temperature).all()):
+                return self.policy.rollout(examples, group_size, sampling, seed)
+            parts = []
+            for value in sorted(set(temperatures.tolist())):
+                chosen = (temperatures == value).nonzero().squeeze(1)
+                part = self.policy.rollout([examples[i] for i in chosen.tolist()], group_size,
+                                           dataclasses.replace(sampling, temperature=value),
+                                           derive_seed(seed, round(value * 1e6), 23))
+                index = chosen[part.example_index]  # back to indices into ``examples``
+                parts.append(part.replace(example_index=index, group_id=index.clone()))
+            rollout = Rollout.concat(parts)
+            return rollout.select(torch.argsort(rollout.example_index, stable=True))
+
+    def sampling_temperatures(self, examples: list[Any]) -> Tensor | None:
+        """Each example's sampling temperature under ``algo.temperature_schedule`` ([E] float64; None: fixed)."""
+        if self.cfg.algo.temperature_schedule == "fixed":
+            return None
+        return self.prompt_temperatures.lookup([prompt_key(e) for e in examples], self.cfg.rollout.temperature)
+
+    def update_prompt_temperatures(self, part: Batch, temperatures: Tensor) -> None:
+        """The schedule's next temperature for each example of ``part`` from its group's outcomes (all processes
+        hold the same table)."""
+        a, base = self.cfg.algo, self.cfg.rollout.temperature
+        following = TEMPERATURE_SCHEDULES.get(a.temperature_schedule)(temperatures, part.outcome,
+                                                                      part.rollout.example_index, base, a)
+        keys = [prompt_key(e) for e in part.examples]
+        self.prompt_temperatures.update(*self.engine.gather_objects(keys, following.tolist()), base)
 
     def with_reference_rows(self, rollout: Rollout, examples: list[Any], sampling: SamplingParams) -> Rollout:
         """Append ``rollout.reference_rows`` rows per example holding the task's reference output (ViSurf):
@@ -206,7 +246,7 @@ class Trainer:
         return Rollout.concat([rollout, references.replace(example_index=index, group_id=index.clone())])
 
     def apply_rollout_strategy(self, part: Batch, examples: list[Any], sampling: SamplingParams,
-                               seed: int) -> tuple[Batch, int]:
+                               seed: int, temperatures: Tensor | None = None) -> tuple[Batch, int]:
         """``algo.rollout_strategy`` (mmrl/algos/variants/adaptive_sampling.py): draw the extra samples
         it asks for, per example, until it asks for none; then keep the rows it selects. Returns the
         batch and how many extra samples were drawn (``plain``: none, every row kept)."""
@@ -220,7 +260,8 @@ class Trainer:
             for count in sorted(set(more[more > 0].tolist())):  # one sampling call per requested count
                 asked = (more == count).nonzero().squeeze(1)
                 rollout = self.sample([examples[i] for i in asked.tolist()], count, sampling,
-                                      derive_seed(seed, round_, count, 11))
+                                      derive_seed(seed, round_, count, 11),
+                                      None if temperatures is None else temperatures[asked])
                 index = asked[rollout.example_index]  # back to indices into ``examples``
                 new = self.score(rollout.replace(example_index=index, group_id=index.clone()), examples)
                 part = Batch(Rollout.concat([part.rollout, new.rollout]), examples, part.results + new.results,
@@ -305,6 +346,21 @@ class Trainer:
             advantages = SHAPING_HOOKS.get(hook)(advantages, ctx, a)
         return advantages, returns, ref_logp
 
+    def loss_term_rows(self, batch: Batch) -> LossTermRows | None:
+        """Per-row inputs of ``algo.loss_terms`` (None without any): the rows' outcomes and, with the
+        ``expert_rows`` need (CalibRL), π_old's log-probs of the task's reference output for each row's
+        prompt, scored by the current policy before the update (``Policy.rollout_from_outputs``)."""
+        cfg = self.cfg
+        if not cfg.algo.loss_terms:
+            return None
+        if "expert_rows" not in self.needs:
+            return LossTermRows(batch.outcome, None, None)
+        sampling = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_new_tokens)
+        expert = self.policy.rollout_from_outputs(batch.examples, [self.task.reference_output(e) for e in batch.examples],
+                                                  sampling)
+        index = batch.rollout.example_index
+        return LossTermRows(batch.outcome, expert.logp[index], expert.mask[index])
+
     def reference_logp(self, rollout: Rollout) -> Tensor | None:
         mode = self.cfg.trainer.ref_model
         if mode == "copy":
@@ -338,7 +394,7 @@ class Trainer:
         return torch.cat([torch.nn.functional.pad(p, (0, t_max - p.shape[1])) for p in parts]) * rollout.mask
 
     def update(self, rollout: Rollout, advantages: Tensor, returns: Tensor | None,
-               ref_logp: Tensor | None) -> dict[str, float]:
+               ref_logp: Tensor | None, term_rows: LossTermRows | None = None) -> dict[str, float]:
         """``ppo_epochs`` passes of ``minibatches`` optimizer steps over this process's rows.
 
         Each minibatch holds whole groups; its loss uses the token / sequence counts of the
@@ -377,7 +433,8 @@ class Trainer:
                     with eng.no_sync(self.model, skip_sync=i < len(micro) - 1):
                         terms = self.loss_terms(rollout.select(idx), logp_old[idx], advantages[idx],
                                                 None if returns is None else returns[idx],
-                                                None if ref_logp is None else ref_logp[idx], denominators)
+                                                None if ref_logp is None else ref_logp[idx], denominators,
+                                                None if term_rows is None else term_rows.select(idx))
                         # DDP averages gradients over processes; the loss is a global sum.
                         eng.backward(terms.pop("loss/total_tensor") * eng.world_size)
                     tokens = float(rollout.mask[idx].sum())
@@ -428,7 +485,7 @@ class Trainer:
         return rollout.select(always_solved.nonzero().squeeze(1))
 
     def loss_terms(self, rows: Rollout, logp_old: Tensor, adv: Tensor, returns: Tensor | None,
-                   ref_logp: Tensor | None, denominators: dict) -> dict[str, Any]:
+                   ref_logp: Tensor | None, denominators: dict, term_rows: LossTermRows | None = None) -> dict[str, Any]:
         a, device = self.cfg.algo, self.engine.device
         mask, logp_old, adv = rows.mask.to(device), logp_old.to(device), adv.to(device)
         with self.engine.autocast():
@@ -440,6 +497,13 @@ class Trainer:
         loss_pg = aggregate(pg, mask, a.loss_agg, **denominators)
         total = loss_pg
         terms: dict[str, Any] = {"loss/policy": loss_pg.item()}
+        for name in a.loss_terms:  # extra per-token terms (CalibRL), aggregated like the policy loss
+            if term_rows is None:
+                raise ValueError(f"algo.loss_terms {list(a.loss_terms)}: the update was given no LossTermRows")
+            per_token, term_metrics = LOSS_TERMS.get(name)(LossTermInputs(logp, logp_old, adv, mask, term_rows), a)
+            value = aggregate(per_token, mask, a.loss_agg, **denominators)
+            total = total + value
+            terms |= {f"loss/{name}": value.item(), **{k: float(v) for k, v in term_metrics.items()}}
         if ref_logp is not None:
             if a.kl_estimator in GAUSSIAN_KL_ESTIMATORS:  # closed form from the decisions' means (Flow-GRPO)
                 kl = GAUSSIAN_KL_ESTIMATORS.get(a.kl_estimator)(out, self.reference_output(rows))
@@ -527,7 +591,8 @@ class Trainer:
             state = {"step": self.step, "policy_version": self.policy.version,
                      "skipped_updates": self.skipped_updates, "data_rng": self.data_rng.bit_generator.state,
                      "config_fingerprint": ckpt.config_fingerprint(self.cfg),
-                     "prompt_history": self.history.state_dict()}
+                     "prompt_history": self.history.state_dict(),
+                     "prompt_temperatures": self.prompt_temperatures.state_dict()}
             ckpt.finalize(tmp, final, state, self.cfg.checkpoint.keep_last)
         self.engine.wait()
 
@@ -545,6 +610,8 @@ class Trainer:
         self.policy.version = state["policy_version"]
         self.data_rng.bit_generator.state = state["data_rng"]
         self.history.load_state_dict(state["prompt_history"])
+        # checkpoints written before per-prompt temperatures existed hold none: every prompt at T_0
+        self.prompt_temperatures.load_state_dict(state.get("prompt_temperatures", {}))
         if self.engine.is_main:
             truncate_metrics(self.out, self.step)
             dump_config(self.cfg, self.out / "config.yaml")

@@ -64,7 +64,7 @@ BACKEND = select_backend()
 
 try:
     import mujoco  # noqa: E402  (after select_backend: mujoco reads MUJOCO_GL at import)
-except RuntimeError as _err:  # e.g. "invalid value for environment variable MUJOCO_GL"
+except Exception as _err:  # an invalid MUJOCO_GL (RuntimeError), a backend whose GL library fails to load
     raise RendererUnavailableError(f"mujoco could not start with MUJOCO_GL={os.environ.get('MUJOCO_GL')!r}: "
                                    f"{_err}; {HINT}") from _err
 

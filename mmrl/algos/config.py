@@ -89,5 +89,15 @@ class AlgoConfig:
     policy on a rehearsal set of its own always-correct samples, added to every update
     (``extra.dph_rl``; mmrl/algos/variants/divergences.py). None: off."""
 
+    temperature_schedule: str = "fixed"
+    """Registered per-prompt sampling temperature schedule (mmrl/algos/variants/prompt_temperature.py):
+    fixed (every prompt at ``rollout.temperature``) | erpo (ERPO, arXiv 2511.04800: prompts whose last
+    group was all-correct are re-sampled hotter, back to ``rollout.temperature`` once mixed; ``extra.erpo``)."""
+
+    loss_terms: tuple[str, ...] = ()
+    """Registered extra per-token loss terms added to the objective, aggregated like it
+    (mmrl/algos/variants/loss_terms.py): calibrl (CalibRL, arXiv 2602.20197: LeakyReLU calibration
+    against the task's reference output, |A|-weighted; ``extra.calibrl``)."""
+
     extra: dict = field(default_factory=dict, hash=False)
     """Hyper-parameters of experimental shaping hooks, by hook name (documented per hook)."""

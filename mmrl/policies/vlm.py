@@ -31,6 +31,7 @@ from torch import Tensor
 from torch.nn import functional as F
 from transformers import AutoModelForImageTextToText, AutoProcessor, GenerationConfig
 
+from mmrl.config import ConfigError
 from mmrl.contracts import IMAGE_PLACEHOLDER, Policy, PolicyOutput
 from mmrl.policies.lora import BASE_FOLDER, add_lora, load_lora_weights
 from mmrl.policies.tokens import completion_mask_from_eos, positions_from_mask, token_logprobs
@@ -115,6 +116,9 @@ class VLMPayload:
 
 
 def check_processor_folder(path: Path) -> None:
+    if (path / "adapter_config.json").is_file() and not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path} holds a LoRA adapter, not a full model: merge it first with "
+                                f"`mmrl export {path} --out MERGED` and use MERGED as policy.args.pretrained")
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path} is not a Hugging Face model folder (no config.json)")
     if not any((path / name).is_file() for name in PROCESSOR_FILES):
@@ -141,7 +145,9 @@ class VLMPolicy(Policy):
                                                           "<|vision_end|>", "<|vision_pad|>") if t in vocab))
         # Never sample special tokens other than EOS (a sampled <|image_pad|> breaks re-scoring:
         # "Image features and image tokens do not match"); the same ids leave the scored distribution.
-        suppressed = (set(tokenizer.all_special_ids) | set(self.vision_ids)) - set(self.eos_ids)
+        # Embedding rows past the tokenizer (Qwen pads 151,665 tokens to 151,936 rows) are no tokens.
+        suppressed = (set(tokenizer.all_special_ids) | set(self.vision_ids) | set(range(len(tokenizer), rows))) \
+            - set(self.eos_ids)
         self.register_buffer("suppressed", torch.tensor(sorted(suppressed), dtype=torch.long), persistent=False)
         self.model.generation_config = GenerationConfig(pad_token_id=tokenizer.pad_token_id,
                                                         eos_token_id=list(self.eos_ids))
@@ -156,7 +162,7 @@ class VLMPolicy(Policy):
     def from_config(cls, cfg: VLMConfig) -> VLMPolicy:
         dtype = getattr(torch, cfg.dtype)
         if (cfg.pretrained is None) == (cfg.model_spec is None):
-            raise ValueError("policy.args: give exactly one of pretrained (a HF folder) or model_spec "
+            raise ConfigError("policy.args: give exactly one of pretrained (a HF folder) or model_spec "
                              "(e.g. vlm/qwen2_5_vl_tiny.json)")
         if cfg.pretrained is not None:
             path = Path(cfg.pretrained)

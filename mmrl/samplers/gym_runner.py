@@ -73,11 +73,17 @@ class GymRunner:
             kwargs = self.env_kwargs
 
             def make(env_id: str):
-                return lambda: gymnasium.make(env_id, disable_env_checker=True, **kwargs)
+                # The spec (with its entry point) travels to AsyncVectorEnv's spawned workers, which
+                # have not imported the package that registered the id.
+                spec = gymnasium.spec(env_id)
+                return lambda: gymnasium.make(spec, disable_env_checker=True, **kwargs)
 
             fns = [make(env_id) for env_id in env_ids]
-            cls = SyncVectorEnv if self.vector_mode == "sync" else AsyncVectorEnv
-            self._pool[env_ids] = cls(fns, autoreset_mode=AutoresetMode.NEXT_STEP)
+            if self.vector_mode == "sync":
+                self._pool[env_ids] = SyncVectorEnv(fns, autoreset_mode=AutoresetMode.NEXT_STEP)
+            else:  # spawn, not fork: a forked child inherits this process's OpenGL state and crashes
+                self._pool[env_ids] = AsyncVectorEnv(fns, autoreset_mode=AutoresetMode.NEXT_STEP, context="spawn",
+                                                      shared_memory=False)  # Text obs read back as "aaa…" from shared memory
         return self._pool[env_ids]
 
     def __deepcopy__(self, memo: dict) -> GymRunner:

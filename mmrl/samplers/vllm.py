@@ -92,9 +92,8 @@ class VLLMSampler:
         if self.settings.sleep_between_rollouts:
             llm.wake_up()
         sync_s = self.sync_weights(policy_version)
-        vocab = llm.get_tokenizer()
-        suppressed = set(rules.suppressed.tolist())
-        allowed = [i for i in range(len(vocab)) if i not in suppressed]
+        suppressed = set(rules.suppressed.tolist())  # includes embedding rows past the tokenizer
+        allowed = [i for i in range(len(llm.get_tokenizer())) if i not in suppressed]
         greedy = sampling.temperature == 0
         requests, params = [], []
         for row, (text, images) in enumerate(zip(prompts.texts, prompts.images)):

@@ -4,7 +4,9 @@ Reward names usable in ``reward_weights`` (score = Σ w_k · r_k, Flow-GRPO's mu
 
 - ``correctness``: mean of the colour / count / shape / position checks, in [0, 1];
 - ``correct``: 1 when all four checks pass (GenEval's strict rule), else 0;
-- ``jpeg_compressibility``: −JPEG size in kB (DDPO); ``jpeg_incompressibility``: +size in kB.
+- ``jpeg_compressibility``: −JPEG size in kB (DDPO); ``jpeg_incompressibility``: +size in kB;
+- ``brightness``: mean pixel value / 255, in [0, 1] (a pixel-statistics target, the CPU analogue
+  of Flow-GRPO's dense rewards; a quick learning signal for tests, not prompt-aware).
 
 ``RewardResult.components`` always carries every check, ``correctness``, ``correct`` and
 ``jpeg_kb``, whatever the weights.
@@ -23,8 +25,8 @@ from mmrl.tasks.imagegen.rewards import CHECKS, as_image, correctness, jpeg_size
 from mmrl.tasks.imagegen.shapes import ShapePrompt, all_prompts, render, split_of
 
 SPLITS = ("train", "test")
-REWARDS = ("correctness", "correct", "jpeg_compressibility", "jpeg_incompressibility")
-BOUNDED = {"correctness": (0.0, 1.0), "correct": (0.0, 1.0)}
+REWARDS = ("correctness", "correct", "jpeg_compressibility", "jpeg_incompressibility", "brightness")
+BOUNDED = {"correctness": (0.0, 1.0), "correct": (0.0, 1.0), "brightness": (0.0, 1.0)}
 
 
 @dataclass(frozen=True)
@@ -34,7 +36,8 @@ class ShapesConfig:
     test_fraction: float = 0.25
     """Share of the 64 prompts held out as the test split (by a hash of the prompt text)."""
     reward_weights: dict = field(default_factory=lambda: {"correctness": 1.0})
-    """Reward name → weight (names: correctness, correct, jpeg_compressibility, jpeg_incompressibility)."""
+    """Reward name → weight (names: correctness, correct, jpeg_compressibility, jpeg_incompressibility,
+    brightness)."""
 
 
 class ShapesTask:
@@ -68,15 +71,15 @@ class ShapesTask:
     def reward(self, example: ShapePrompt, output: object) -> RewardResult:
         image, reason = as_image(output)
         if image is None:
-            return RewardResult(0.0, dict.fromkeys(("object", *CHECKS, "correctness", "correct", "jpeg_kb"), 0.0),
+            return RewardResult(0.0, dict.fromkeys(("object", *CHECKS, "correctness", "correct", "jpeg_kb",
+                                                    "brightness"), 0.0),
                                 reason)
         checks, info = prompt_checks(image, example)
         values = {"correctness": correctness(checks), "correct": float(all(checks[c] for c in CHECKS)),
-                  "jpeg_kb": jpeg_size_kb(image)}
+                  "jpeg_kb": jpeg_size_kb(image), "brightness": float(image.mean()) / 255.0}
         values["jpeg_compressibility"], values["jpeg_incompressibility"] = -values["jpeg_kb"], values["jpeg_kb"]
         score = sum(w * values[name] for name, w in self.cfg.reward_weights.items())
-        components = {**checks, "correctness": values["correctness"], "correct": values["correct"],
-                      "jpeg_kb": values["jpeg_kb"]}
+        components = {**checks, **{k: values[k] for k in ("correctness", "correct", "jpeg_kb", "brightness")}}
         return RewardResult(float(score), components, info)
 
     def reference_output(self, example: ShapePrompt) -> np.ndarray:
@@ -86,6 +89,6 @@ class ShapesTask:
 
     def metrics(self, examples: Sequence[ShapePrompt], outputs: Sequence[object],
                 results: Sequence[RewardResult]) -> dict[str, float]:
-        keys = ("object", *CHECKS, "correct", "jpeg_kb")
-        return {(k if k in ("correct", "jpeg_kb") else f"{k}_acc"):
+        keys = ("object", *CHECKS, "correct", "jpeg_kb", "brightness")
+        return {(k if k in ("correct", "jpeg_kb", "brightness") else f"{k}_acc"):
                 float(np.mean([r.components.get(k, 0.0) for r in results])) for k in keys}

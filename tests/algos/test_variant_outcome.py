@@ -149,3 +149,41 @@ def test_recipe_validation_rejects_unknown_extra_section(sanity_config):
     assert cfg.algo.extra == {"w_reinforce": {"positive_weight": 0.2}}
     with pytest.raises(ConfigError, match="need reference"):
         sanity_config("algo.shaping=[ace]", "trainer.ref_model=none")
+
+
+def test_prompt_history_is_needed_only_when_counted():
+    from mmrl.algos.variants import algo_needs
+
+    assert algo_needs(AlgoConfig(advantage="beta_posterior")) == frozenset()
+    assert algo_needs(AlgoConfig(advantage="beta_posterior", extra={"beta_posterior": {"count_history": True}})) \
+        == {"prompt_history"}
+    assert algo_needs(AlgoConfig(advantage="grpo", shaping=("ace", "rl_zvp"))) == {"ref_logp", "entropy"}
+
+
+ESTIMATOR_CONFIGS = {
+    "psr": {}, "nsr": {}, "w_reinforce": {},
+    "noisy_backward": {"noisy_backward": {"false_positive_rate": 0.1, "false_negative_rate": 0.2, "base": "rloo"}},
+    "noisy_forward": {"noisy_forward": {"false_negative_rate": 0.2}},
+    "beta_posterior": {},
+}
+
+
+@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+                                         "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize("clip", [{"clip_high": 0.28}, {"clip_high": 0.28, "dual_clip_c": 3.0}])
+@pytest.mark.parametrize("name", sorted(ESTIMATOR_CONFIGS))
+def test_estimators_compose_with_ppo_clip_and_every_aggregation(name, clip, aggregation):
+    """On-policy, the aggregated PPO-clip loss on these advantages has the gradient of the aggregated −A·log π."""
+    from mmrl.algos import POLICY_LOSSES, aggregate
+
+    inp = inputs()
+    cfg = AlgoConfig(advantage=name, loss_agg=aggregation, extra=ESTIMATOR_CONFIGS[name], **clip)
+    adv, _ = ADVANTAGE_ESTIMATORS.get(name)(inp, cfg)
+    logp_old = -torch.rand(inp.mask.shape, generator=torch.Generator().manual_seed(0)) * inp.mask
+    logp = logp_old.clone().requires_grad_(True)
+    loss, _ = POLICY_LOSSES.get("ppo_clip")(logp, logp_old, adv, inp.mask, cfg)
+    aggregate(loss, inp.mask, aggregation).backward()
+    reference = logp_old.clone().requires_grad_(True)
+    aggregate(-adv * reference * inp.mask, inp.mask, aggregation).backward()
+    assert_close(logp.grad, reference.grad)
+    assert torch.isfinite(logp.grad).all()

@@ -138,8 +138,9 @@ def test_image_size_is_configurable():
 
 def test_sync_and_async_vector_envs_agree():
     ids = ["mmrl/Push-v0", "mmrl/Push-OODColor-v0", "mmrl/Push-v0"]
-    fns = [lambda i=i: gymnasium.make(i, disable_env_checker=True) for i in ids]
-    sync, asyn = gymnasium.vector.SyncVectorEnv(fns), gymnasium.vector.AsyncVectorEnv(fns)
+    fns = [lambda spec=gymnasium.spec(i): gymnasium.make(spec, disable_env_checker=True) for i in ids]
+    sync, asyn = gymnasium.vector.SyncVectorEnv(fns), gymnasium.vector.AsyncVectorEnv(
+        fns, context="spawn", shared_memory=False)
     try:
         a, _ = sync.reset(seed=[1, 2, 3])
         b, _ = asyn.reset(seed=[1, 2, 3])

@@ -97,6 +97,10 @@ def test_payload_select_and_concat_round_trip(policy, rollout):
         assert torch.equal(getattr(pj, name), getattr(pd, name)), name
     assert torch.equal(joined.payload.completion_ids, direct.payload.completion_ids)
     assert pj.texts == pd.texts
+    # Sampler measurements (perf/weight_sync_s) travel with rows and add up over concatenated rollouts.
+    timed = [p.replace(stats={"perf/weight_sync_s": 0.25}) for p in parts]
+    assert Rollout.concat(timed).stats == {"perf/weight_sync_s": 0.5}
+    assert timed[0].select(torch.tensor([0])).stats == {"perf/weight_sync_s": 0.25}
     # Each selected row carries its own images: re-scoring the permuted rows equals permuting the scores.
     full = policy(rollout).logp
     assert torch.allclose(policy(joined).logp, full[order], atol=1e-5)
@@ -216,6 +220,8 @@ def test_lora_reference_save_load_and_merged_export(rollout, tmp_path):
     fresh = tiny_policy(lora_rank=4)
     fresh.load_weights(str(folder))
     assert torch.allclose(fresh(rollout).logp, trained, atol=1e-6)
+    with pytest.raises(FileNotFoundError, match="holds a LoRA adapter, not a full model: merge it first"):
+        make_policy("vlm", {"pretrained": str(folder)})
     assert main(["export", str(folder), "--out", str(tmp_path / "merged")]) == 0
     assert not (tmp_path / "merged" / "adapter_config.json").exists()
     plain = make_policy("vlm", {"pretrained": str(tmp_path / "merged")})

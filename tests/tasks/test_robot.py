@@ -68,17 +68,52 @@ def test_demonstrations_are_successful_labelled_and_cached(task_id):
     assert task.reference_output(ex[0]) is demos[0]
 
 
-def test_short_learning_check_bc_then_ppo(tmp_path):
-    """A short warm start, then PPO through the shared trainer raises the greedy held-out success
-    on reach (full-size runs: docs/results.md and the slow test below)."""
-    cfg = load_config("vla_reach/tiny_cpu", [
-        "log.tensorboard=false", "task.args.image_size=32", "policy.args.image_size=32",
-        "warm_start.sft_steps=120", "trainer.steps=12", "eval.every=0", "eval.num_examples=48",
-        "eval.extra_splits=[]", "checkpoint.every=0", "rollout.prompts_per_step=16", "trainer.lr=1e-3"])
+RECIPES = [f"vla_{t}/{r}" for t in ("reach", "push", "pick") for r in ("tiny_cpu", "grpo_tiny_cpu")]
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_vla_recipes_validate(recipe):
+    cfg = load_config(recipe)
+    assert cfg.policy.name == "vla" and cfg.warm_start.sft_steps > 0 and cfg.trainer.ref_model == "none"
+    if recipe.endswith("grpo_tiny_cpu"):
+        assert cfg.algo.advantage == "grpo" and cfg.rollout.group_size > 1  # same-init groups
+    else:
+        assert cfg.algo.advantage == "gae" and cfg.rollout.group_size == 1 and cfg.policy.args.value_head
+    assert {"ood_color", "ood_position", "ood_instruction", "ood_distractor"} == set(cfg.eval.extra_splits)
+    ppo = load_config(recipe.replace("grpo_tiny_cpu", "tiny_cpu"))
+    assert (ppo.task, ppo.policy, ppo.warm_start) == (cfg.task, cfg.policy, cfg.warm_start)  # one cached BC start
+
+
+def test_pick_place_recipe_runs_end_to_end(tmp_path):
+    cfg = load_config("vla_pick/grpo_tiny_cpu", [
+        "log.tensorboard=false", "warm_start.sft_steps=2", "trainer.steps=1", "rollout.prompts_per_step=2",
+        "rollout.group_size=2", "trainer.minibatches=1", "eval.num_examples=2", "eval.extra_splits=[ood_color]",
+        "policy.args.max_decisions=8", "checkpoint.every=0"])
     train(cfg, tmp_path / "run")
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    evals = [r["eval/success_rate"] for r in rows if "eval/success_rate" in r]
-    assert evals[-1] >= evals[0] + 0.1, evals
+    assert {"eval/success_rate", "eval/ood_color/success_rate", "eval/return_mean"} <= set(rows[-1])
+    assert rows[1]["rollout/len_mean"] == 8 and (tmp_path / "run" / "checkpoints").is_dir()
+
+
+def test_short_learning_check_behaviour_cloning(tmp_path):
+    """The recipe's BC warm start (through the trainer's warm-start path) lifts greedy held-out
+    success on reach far above the untrained policy's, then one PPO step runs on top (32 px to keep
+    it short). That RL then raises held-out success is checked by the slow full-recipe test below
+    and reported in docs/results.md: a few RL steps are too noisy for a default test."""
+    overrides = ["log.tensorboard=false", "task.args.image_size=32", "policy.args.image_size=32",
+                 "trainer.steps=1", "rollout.prompts_per_step=8", "eval.every=0", "eval.num_examples=48",
+                 "eval.extra_splits=[]", "checkpoint.every=0"]
+    untrained = load_config("vla_reach/tiny_cpu", [*overrides, "warm_start.sft_steps=0"])
+    cfg = load_config("vla_reach/tiny_cpu", overrides)
+    before = train(untrained, tmp_path / "untrained")
+    train(cfg, tmp_path / "run")
+
+    def evals(out):
+        rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+        return [r["eval/success_rate"] for r in rows if "eval/success_rate" in r]
+
+    print("greedy held-out success: untrained", evals(before), "BC warm start", evals(tmp_path / "run"))
+    assert evals(tmp_path / "run")[0] >= evals(before)[0] + 0.15
 
 
 @pytest.mark.slow

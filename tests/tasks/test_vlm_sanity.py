@@ -164,3 +164,16 @@ def test_grpo_raises_held_out_accuracy_after_the_warm_start(tmp_path):
     assert main(["train", "vlm_sanity/tiny_cpu", "--out", str(run), "--no-plot", *QUIET]) == 0
     evals = [r for r in read_rows(run) if "eval/accuracy" in r]
     assert evals[-1]["eval/accuracy"] > evals[0]["eval/accuracy"] + 0.15
+
+
+@pytest.mark.parametrize("recipe", ["qwen2_5_vl_3b_gpu", "qwen2_5_vl_7b_gpu", "qwen3_vl_4b_gpu", "qwen3_vl_8b_gpu"])
+def test_gpu_recipes_validate(recipe):
+    """The GPU recipes cannot run here (no GPU, no checkpoints) but must be valid configs that
+    name a local folder, and cover LoRA / full and HF / vLLM between them."""
+    from mmrl.config import load_config
+
+    cfg = load_config(f"vlm_sanity/{recipe}")
+    args = cfg.policy.args
+    assert cfg.policy.name == "vlm" and args.pretrained.startswith("models/") and args.dtype == "bfloat16"
+    assert (args.lora_rank > 0) == (cfg.trainer.ref_model == "adapter_disabled")
+    assert (args.sampler == "vllm") == cfg.trainer.recompute_logp_old == (cfg.algo.tis_cap is not None)

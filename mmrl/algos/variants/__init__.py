@@ -4,16 +4,20 @@ Importing this package registers them: estimators ``psr``, ``nsr``, ``w_reinforc
 ``noisy_backward``, ``noisy_forward``, ``beta_posterior``; shaping hooks ``f_grpo``, ``ace``,
 ``rl_zvp``, ``divergence_weighted``, ``entropy_bonus``; rollout strategies ``plain``, ``aero``
 (``ROLLOUT_STRATEGIES``); DPH-RL rehearsal divergences ``forward_kl``, ``js``, ``alpha``
-(``REHEARSAL_DIVERGENCES``). Hyper-parameters: ``algo.extra.<name>``
-(typed dataclasses in each module); trainer needs: :func:`~mmrl.algos.variants.params.algo_needs`.
+(``REHEARSAL_DIVERGENCES``); extra loss terms ``calibrl`` (``LOSS_TERMS``); temperature schedules
+``fixed``, ``erpo`` (``TEMPERATURE_SCHEDULES``). Hyper-parameters: ``algo.extra.<name>`` (typed
+dataclasses in each module); trainer needs: :func:`~mmrl.algos.variants.params.algo_needs`.
 """
 
 from mmrl.algos.variants import outcome, shaping  # noqa: F401  (registration)
 from mmrl.algos.variants.adaptive_sampling import ROLLOUT_STRATEGIES, RolloutStrategy
 from mmrl.algos.variants.divergences import REHEARSAL_DIVERGENCES
 from mmrl.algos.variants.history import PromptHistory, prompt_key
+from mmrl.algos.variants.loss_terms import LOSS_TERMS, LossTermInputs, LossTermRows
 from mmrl.algos.variants.param_noise import perturbed_parameters
+from mmrl.algos.variants.prompt_temperature import TEMPERATURE_SCHEDULES, PromptTemperatures
 from mmrl.algos.variants.params import VARIANTS, algo_needs, validate_extra, variant_params
 
-__all__ = ["REHEARSAL_DIVERGENCES", "ROLLOUT_STRATEGIES", "VARIANTS", "PromptHistory", "RolloutStrategy",
-           "algo_needs", "perturbed_parameters", "prompt_key", "validate_extra", "variant_params"]
+__all__ = ["LOSS_TERMS", "REHEARSAL_DIVERGENCES", "ROLLOUT_STRATEGIES", "TEMPERATURE_SCHEDULES", "VARIANTS",
+           "LossTermInputs", "LossTermRows", "PromptHistory", "PromptTemperatures", "RolloutStrategy", "algo_needs",
+           "perturbed_parameters", "prompt_key", "validate_extra", "variant_params"]

@@ -151,7 +151,8 @@ class BetaPosteriorParams:
     """Divide by the posterior Bernoulli std √(p̃(1 − p̃)) (AERO INFERRED form); False: A = r − p̃ (MSSR)."""
 
 
-declare_variant("beta_posterior", BetaPosteriorParams, needs=("prompt_history",))
+declare_variant("beta_posterior", BetaPosteriorParams,
+                needs=lambda p: ("prompt_history",) if p.count_history else ())
 
 
 def beta_posterior_mean(successes: Tensor, failures: Tensor, alpha0: float, beta0: float) -> Tensor:

@@ -13,34 +13,41 @@ A variant may also need information the trainer only computes on request (``need
 - ``"prompt_history"``: per-prompt success / failure pseudo-counts from earlier steps in
   ``AdvantageInputs.prompt_successes`` / ``prompt_failures`` (kept by the trainer in a
   :class:`~mmrl.algos.variants.history.PromptHistory`, checkpointed);
-- ``"ref_logp"``: reference log-probs (``trainer.ref_model`` must not be ``none``).
+- ``"ref_logp"``: reference log-probs (``trainer.ref_model`` must not be ``none``);
+- ``"expert_rows"``: the current policy's log-probs of the task's reference output for each prompt
+  (``Policy.rollout_from_outputs``), given to the loss terms in ``LossTermRows`` (CalibRL).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from mmrl.algos.config import AlgoConfig
 
-NEEDS_KINDS = frozenset({"entropy", "prompt_history", "ref_logp"})
+NEEDS_KINDS = frozenset({"entropy", "prompt_history", "ref_logp", "expert_rows"})
+
+
+Needs = tuple[str, ...] | Callable[[Any], tuple[str, ...]]
 
 
 @dataclass(frozen=True)
 class VariantSpec:
     params: type | None  # the hyper-parameter dataclass (None: the variant has none)
-    needs: frozenset[str]
+    needs: Needs  # fixed, or a function of the built hyper-parameters (e.g. only when a flag is on)
 
 
 VARIANTS: dict[str, VariantSpec] = {}
 
 
-def declare_variant(name: str, params: type | None = None, needs: tuple[str, ...] = ()) -> None:
+def declare_variant(name: str, params: type | None = None, needs: Needs = ()) -> None:
     """Declare ``name``'s hyper-parameter dataclass and what it needs from the trainer."""
-    unknown = set(needs) - NEEDS_KINDS
-    if unknown:
-        raise ValueError(f"variant {name!r}: unknown needs {sorted(unknown)}; known: {sorted(NEEDS_KINDS)}")
-    spec = VariantSpec(params, frozenset(needs))
+    if not callable(needs):
+        unknown = set(needs) - NEEDS_KINDS
+        if unknown:
+            raise ValueError(f"variant {name!r}: unknown needs {sorted(unknown)}; known: {sorted(NEEDS_KINDS)}")
+    spec = VariantSpec(params, needs)
     if name in VARIANTS and VARIANTS[name] != spec:
         raise ValueError(f"variant {name!r} is already declared")
     VARIANTS[name] = spec
@@ -61,8 +68,9 @@ def variant_params(cfg: AlgoConfig, name: str) -> Any:
 
 
 def selected_variants(cfg: AlgoConfig) -> list[str]:
-    """The declared variants this recipe selects (estimator, shaping hooks, rollout strategy, rehearsal term)."""
-    names = [cfg.advantage, *cfg.shaping, cfg.rollout_strategy]
+    """The declared variants this recipe selects (estimator, shaping hooks, rollout strategy, rehearsal term,
+    extra loss terms, temperature schedule)."""
+    names = [cfg.advantage, *cfg.shaping, cfg.rollout_strategy, *cfg.loss_terms, cfg.temperature_schedule]
     if cfg.rehearsal_divergence is not None:
         names.append("dph_rl")
     return [n for n in names if n in VARIANTS]
@@ -70,10 +78,14 @@ def selected_variants(cfg: AlgoConfig) -> list[str]:
 
 def algo_needs(cfg: AlgoConfig) -> frozenset[str]:
     """Union of what the selected variants need from the trainer."""
-    needs: frozenset[str] = frozenset()
+    needs: set[str] = set()
     for name in selected_variants(cfg):
-        needs |= VARIANTS[name].needs
-    return needs
+        spec = VARIANTS[name]
+        needs |= set(spec.needs(variant_params(cfg, name)) if callable(spec.needs) else spec.needs)
+    unknown = needs - NEEDS_KINDS
+    if unknown:
+        raise ValueError(f"unknown trainer needs {sorted(unknown)}; known: {sorted(NEEDS_KINDS)}")
+    return frozenset(needs)
 
 
 def validate_extra(cfg: AlgoConfig) -> None:
