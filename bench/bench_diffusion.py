@@ -187,7 +187,8 @@ def main() -> None:
                 times[name].append(time.perf_counter() - start)
     ref, ours = statistics.median(times["reference"]), statistics.median(times["mmrl"])
     print(f"DDPO RL step, {len(prompts)} images x {args.steps} DDIM steps, CFG, 16 px, "
-          f"{sum(p.numel() for p in policy.unet.parameters()) / 1e6:.2f} M-param UNet, {args.repeats} interleaved repeats")
+          f"{sum(p.numel() for p in policy.unet.parameters()) / 1e6:.2f} M-param UNet, "
+          f"{args.repeats} interleaved repeats")
     print(f"  reference (scheduler.step + per-timestep re-scoring): {ref:.3f} s  "
           f"peak saved for backward {max(memory['reference']) / 2**20:.1f} MiB")
     print(f"  mmrl (batched re-scoring, {args.micro_batch:>3} rows per call):      {ours:.3f} s  "

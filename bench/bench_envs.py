@@ -7,6 +7,7 @@ the same run mean anything), medians over rounds:
 
 - ``bare``: ``mujoco.mj_step`` × 5 substeps + ``mujoco.Renderer`` at the env's image size, on the
   same MJCF, moving the mocap end effector as the env does — the floor an env cannot beat.
+- ``bare x1, shared GL context``: the same loop drawn with the envs' ``SceneRenderer``.
 - ``env x1``: ``gymnasium.make("mmrl/Push-v0")`` stepped with random actions (reset on episode end).
 - ``sync xN`` / ``async xN``: ``SyncVectorEnv`` / ``AsyncVectorEnv`` of N push envs; env steps/s
   summed over the sub-envs. "vs bare" is then the throughput per env step relative to the bare
@@ -27,16 +28,19 @@ import numpy as np
 import torch
 
 import mmrl.envs  # noqa: F401  (registers mmrl/*; selects the GL backend before mujoco loads)
-from mmrl.envs.robot.rendering import mujoco
+from mmrl.envs.robot.rendering import SceneRenderer, mujoco
 from mmrl.envs.robot.tabletop import RULES, mjcf_path
 
 ENV_ID = "mmrl/Push-v0"
 
 
-def bare_loop(steps: int, size: int) -> float:
+def bare_loop(steps: int, size: int, shared_context: bool = False) -> float:
+    """mj_step × 5 + one frame per step; ``shared_context``: draw with the envs' SceneRenderer
+    (isolates the gymnasium wrapper's own overhead) instead of ``mujoco.Renderer``."""
     model = mujoco.MjModel.from_xml_path(str(mjcf_path("push.xml")))
     data = mujoco.MjData(model)
-    renderer = mujoco.Renderer(model, size, size)
+    renderer = SceneRenderer(model, size, size) if shared_context else mujoco.Renderer(model, size, size)
+    camera = model.camera("top").id
     ee = model.body("ee").mocapid[0]
     rng = np.random.default_rng(0)
     start = time.perf_counter()
@@ -45,8 +49,11 @@ def bare_loop(steps: int, size: int) -> float:
         for _ in range(5):
             data.mocap_pos[ee, :2] = np.clip(data.mocap_pos[ee, :2] + delta / 5, -0.25, 0.25)
             mujoco.mj_step(model, data)
-        renderer.update_scene(data, "top")
-        renderer.render()
+        if shared_context:
+            renderer.render(model, data, camera)
+        else:
+            renderer.update_scene(data, camera)
+            renderer.render()
     rate = steps / (time.perf_counter() - start)
     renderer.close()
     return rate
@@ -111,6 +118,7 @@ def main() -> None:
     try:
         for _ in range(args.rounds):
             for name, fn in ((f"bare x1 ({size}px)", lambda: bare_loop(args.steps, size)),
+                             ("bare x1, shared GL context", lambda: bare_loop(args.steps, size, shared_context=True)),
                              ("env x1", lambda: single_env(env, args.steps)),
                              (f"sync x{n}", lambda: vector_env(sync, max(args.steps // n, 20))),
                              (f"async x{args.async_envs}", lambda: vector_env(asyn, max(args.steps // 2, 20))),
@@ -121,11 +129,15 @@ def main() -> None:
         sync.close()
         asyn.close()
     medians = {k: statistics.median(v) for k, v in runs.items()}
-    bare = medians[f"bare x1 ({size}px)"]
-    print(f"{'measurement':<28} {'steps/s':>10} {'vs bare':>8}")  # env steps/s (all sub-envs) or decisions/s
+    bare, shared = runs[f"bare x1 ({size}px)"], runs["bare x1, shared GL context"]
+
+    def ratio(values: list[float], base: list[float]) -> float:  # median over rounds of same-round ratios
+        return statistics.median(v / b for v, b in zip(values, base))
+
+    print(f"{'measurement':<28} {'steps/s':>10} {'vs bare':>8} {'vs bare (shared ctx)':>21}")
     for name, value in medians.items():
-        ratio = f"{value / bare:.2f}x" if not name.startswith("policy") else ""
-        print(f"{name:<28} {value:>10,.0f} {ratio:>8}")
+        cols = "" if name.startswith("policy") else f"{ratio(runs[name], bare):>7.2f}x {ratio(runs[name], shared):>20.2f}x"
+        print(f"{name:<28} {value:>10,.0f} {cols}")
     print(f"(medians of {args.rounds} interleaved rounds, {size} px images, rendering every step)")
     if args.json:
         with open(args.json, "w") as f:

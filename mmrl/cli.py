@@ -142,7 +142,8 @@ def summarize(out: Path) -> str:
 def list_components() -> str:
     import gymnasium
 
-    from mmrl.algos import ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, SHAPING_HOOKS
+    from mmrl.algos import (ADVANTAGE_ESTIMATORS, AGGREGATIONS, GAUSSIAN_KL_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES,
+                            SHAPING_HOOKS)
     from mmrl.algos.variants import REHEARSAL_DIVERGENCES, ROLLOUT_STRATEGIES
     from mmrl.config import list_recipes
     from mmrl.registry import POLICIES, TASKS, load_builtins
@@ -152,7 +153,8 @@ def list_components() -> str:
     envs = sorted(k for k in gymnasium.registry if k.startswith("mmrl/"))
     sections = [("tasks", TASKS.names()), ("envs", envs), ("policies", POLICIES.names()),
                 ("advantage estimators", ADVANTAGE_ESTIMATORS.names()), ("policy losses", POLICY_LOSSES.names()),
-                ("loss aggregations", AGGREGATIONS.names()), ("KL estimators", KL_ESTIMATORS.names()),
+                ("loss aggregations", AGGREGATIONS.names()),
+                ("KL estimators", KL_ESTIMATORS.names() + GAUSSIAN_KL_ESTIMATORS.names()),
                 ("shaping hooks", SHAPING_HOOKS.names()), ("rollout strategies", ROLLOUT_STRATEGIES.names()),
                 ("rehearsal divergences", REHEARSAL_DIVERGENCES.names()), ("sweep arms", SWEEP_ARMS.names()),
                 ("recipes", list_recipes())]

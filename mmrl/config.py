@@ -21,8 +21,8 @@ import yaml
 from mmrl.algos import (ADVANTAGE_ESTIMATORS, AGGREGATIONS, GAUSSIAN_KL_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES,
                         SHAPING_HOOKS)
 from mmrl.algos.config import AlgoConfig
-from mmrl.algos.variants import (LOSS_TERMS, REHEARSAL_DIVERGENCES, ROLLOUT_STRATEGIES, TEMPERATURE_SCHEDULES, algo_needs,
-                                 validate_extra)
+from mmrl.algos.variants import (LOSS_TERMS, REHEARSAL_DIVERGENCES, ROLLOUT_STRATEGIES, TEMPERATURE_SCHEDULES,
+                                 algo_needs, validate_extra)
 from mmrl.paths import recipes_dir
 
 

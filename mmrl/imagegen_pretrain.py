@@ -55,7 +55,8 @@ class PretrainSchedule:
 @dataclass(frozen=True)
 class PretrainConfig:
     kind: Literal["ddim", "flow"]
-    """ddim: ε-prediction + DDIMScheduler (DDPO); flow: velocity v = ε − x_0 + FlowMatchEulerDiscreteScheduler (Flow-GRPO)."""
+    """ddim: ε-prediction + DDIMScheduler (DDPO); flow: velocity v = ε − x_0 +
+    FlowMatchEulerDiscreteScheduler (Flow-GRPO)."""
     image_size: int = 16
     unet: dict = field(default_factory=dict)
     """UNet2DModel arguments (block_out_channels, layers_per_block, block types, norm_num_groups)."""
@@ -142,7 +143,9 @@ def pretrain(config: str | Path, out: str | Path, progress: bool = True, overwri
     t = cfg.train
     params = list(unet.parameters()) + list(text_encoder.parameters())
     optimizer = torch.optim.AdamW(params, lr=t.lr)
-    lr_at = lambda i: min(1.0, (i + 1) / max(t.warmup_steps, 1)) * 0.5 * (1 + math.cos(math.pi * i / t.steps))  # noqa: E731
+    def lr_at(i: int) -> float:  # linear warm-up, cosine decay
+        return min(1.0, (i + 1) / max(t.warmup_steps, 1)) * 0.5 * (1 + math.cos(math.pi * i / t.steps))
+
     sched = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_at)
     rng, gen = np.random.default_rng(t.seed), torch.Generator().manual_seed(t.seed)
     prompts = all_prompts()

@@ -80,8 +80,8 @@ SWEEP_ARMS.register("erpo", SweepArm(("algo.temperature_schedule=erpo",),
                                      "reset once mixed; schedule INFERRED)"))
 SWEEP_ARMS.register("calibrl", SweepArm(("algo.loss_terms=[calibrl]", "algo.norm_adv_by_std=false",
                                          "algo.dual_clip_c=3.0"),
-                                        "CalibRL, arXiv 2602.20197 (Dr.GRPO, dual clip 3, + 0.1 × LeakyReLU calibration "
-                                        "to the reference answer)"))
+                                        "CalibRL, arXiv 2602.20197 (Dr.GRPO, dual clip 3, + 0.1 × LeakyReLU "
+                                        "calibration to the reference answer)"))
 
 
 @dataclass(frozen=True)

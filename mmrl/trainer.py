@@ -356,8 +356,8 @@ class Trainer:
         if "expert_rows" not in self.needs:
             return LossTermRows(batch.outcome, None, None)
         sampling = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_new_tokens)
-        expert = self.policy.rollout_from_outputs(batch.examples, [self.task.reference_output(e) for e in batch.examples],
-                                                  sampling)
+        references = [self.task.reference_output(e) for e in batch.examples]
+        expert = self.policy.rollout_from_outputs(batch.examples, references, sampling)
         index = batch.rollout.example_index
         return LossTermRows(batch.outcome, expert.logp[index], expert.mask[index])
 
@@ -485,7 +485,8 @@ class Trainer:
         return rollout.select(always_solved.nonzero().squeeze(1))
 
     def loss_terms(self, rows: Rollout, logp_old: Tensor, adv: Tensor, returns: Tensor | None,
-                   ref_logp: Tensor | None, denominators: dict, term_rows: LossTermRows | None = None) -> dict[str, Any]:
+                   ref_logp: Tensor | None, denominators: dict,
+                   term_rows: LossTermRows | None = None) -> dict[str, Any]:
         a, device = self.cfg.algo, self.engine.device
         mask, logp_old, adv = rows.mask.to(device), logp_old.to(device), adv.to(device)
         with self.engine.autocast():

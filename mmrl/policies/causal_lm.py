@@ -193,12 +193,13 @@ class CausalLMPolicy(Policy):
         completion_mask = completion_mask_from_eos(completion_ids, self.eos_ids)
         completion_ids = completion_ids.masked_fill(completion_mask == 0, self.pad_id)
         logits = torch.stack(out.logits, dim=1)  # [N, T, V] raw logits (before processors)
-        logp, _ = token_logprobs(logits, completion_ids, sampling.temperature, self.suppressed)
+        temperature = torch.full((len(prompts),), sampling.temperature, dtype=torch.float32)  # [N]
+        logp, _ = token_logprobs(logits, completion_ids, temperature, self.suppressed)
         mask = completion_mask.float()
         texts = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
         example_index = torch.arange(len(examples)).repeat_interleave(group_size)
         payload = TokenPayload(prompt_ids.cpu(), prompt_mask.cpu(), completion_ids.cpu(), completion_mask.cpu(),
-                               sampling.temperature, self.pad_id)
+                               temperature, self.pad_id)
         values = self.score(payload).values if self.value_head is not None else None
         return Rollout(logp=(logp * mask).cpu(), mask=mask.cpu(), group_id=example_index.clone(),
                        example_index=example_index, outputs=texts, payload=payload,
@@ -235,7 +236,7 @@ class CausalLMPolicy(Policy):
         enc = self.tokenizer([o + self.tokenizer.eos_token for o in outputs], padding=True, padding_side="right",
                              return_tensors="pt", add_special_tokens=False)
         payload = TokenPayload(prompt_ids.cpu(), prompt_mask.cpu(), enc["input_ids"], enc["attention_mask"],
-                               sampling.temperature, self.pad_id)
+                               torch.full((len(examples),), sampling.temperature, dtype=torch.float32), self.pad_id)
         was_training = self.model.training
         self.model.eval()
         out = self.score(payload)
@@ -251,7 +252,8 @@ class CausalLMPolicy(Policy):
         eos = self.tokenizer.eos_token
         enc = self.tokenizer([t + eos for t in targets], padding=True, padding_side="right",
                              return_tensors="pt", add_special_tokens=False)
-        payload = TokenPayload(prompt_ids, prompt_mask, enc["input_ids"], enc["attention_mask"], 1.0, self.pad_id)
+        payload = TokenPayload(prompt_ids, prompt_mask, enc["input_ids"], enc["attention_mask"],
+                               torch.ones(len(examples), dtype=torch.float32), self.pad_id)
         out = self.score(payload)
         mask = payload.completion_mask.float().to(out.logp.device)
         return -(out.logp * mask).sum() / mask.sum()

@@ -136,7 +136,8 @@ class DiffusionPolicy(Policy):
                                  "log-prob; set \"set_alpha_to_one\": false (and steps_offset 1) in "
                                  "scheduler/scheduler_config.json")
             if scheduler.config.prediction_type != "epsilon":
-                raise ValueError(f"DDIM prediction_type {scheduler.config.prediction_type!r}: only epsilon is supported")
+                raise ValueError(f"DDIM prediction_type {scheduler.config.prediction_type!r}: only epsilon is "
+                                 f"supported")
         else:
             raise ValueError(f"scheduler {type(scheduler).__name__} is not supported: use DDIMScheduler (DDPO) or "
                              f"FlowMatchEulerDiscreteScheduler (Flow-GRPO)")

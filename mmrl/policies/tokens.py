@@ -23,17 +23,16 @@ class TokenPayload:
     prompt_mask: Tensor  # [N, P] long {0,1}
     completion_ids: Tensor  # [N, T] long, right-padded (pad after the first EOS)
     completion_mask: Tensor  # [N, T] long {0,1}: generated tokens up to and including EOS
-    temperature: float  # the sampling temperature whose distribution log-probs refer to
+    temperature: Tensor  # [N] float32: each row's sampling temperature, whose distribution log-probs refer to
+    # (per row, so rollouts drawn at different temperatures concatenate: ERPO's per-prompt temperatures)
     pad_id: int
 
     def select(self, index: Tensor) -> TokenPayload:
         return TokenPayload(self.prompt_ids[index], self.prompt_mask[index], self.completion_ids[index],
-                            self.completion_mask[index], self.temperature, self.pad_id)
+                            self.completion_mask[index], self.temperature[index], self.pad_id)
 
     @classmethod
     def concat(cls, parts: Sequence[TokenPayload]) -> TokenPayload:
-        if len({p.temperature for p in parts}) != 1:
-            raise ValueError("cannot mix rollouts sampled at different temperatures")
         p_max = max(p.prompt_ids.shape[1] for p in parts)
         t_max = max(p.completion_ids.shape[1] for p in parts)
         pad = parts[0].pad_id
@@ -49,7 +48,7 @@ class TokenPayload:
             prompt_mask=torch.cat([left(p.prompt_mask, 0) for p in parts]),
             completion_ids=torch.cat([right(p.completion_ids, pad) for p in parts]),
             completion_mask=torch.cat([right(p.completion_mask, 0) for p in parts]),
-            temperature=parts[0].temperature, pad_id=pad,
+            temperature=torch.cat([p.temperature for p in parts]), pad_id=pad,
         )
 
 
@@ -61,15 +60,18 @@ def completion_mask_from_eos(completion_ids: Tensor, eos_ids: Sequence[int]) -> 
     return (eos_before == 0).long()
 
 
-def token_logprobs(logits: Tensor, tokens: Tensor, temperature: float, suppressed: Tensor | None,
+def token_logprobs(logits: Tensor, tokens: Tensor, temperature: float | Tensor, suppressed: Tensor | None,
                    with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
     """log π(token) under softmax(logits / τ) with ``suppressed`` ids removed ([N,T,V] → [N,T]).
 
-    τ = 0 (greedy) scores under τ = 1. The same function serves sampling and re-scoring, so both
-    see one distribution.
+    ``temperature`` is one τ or one per row ([N]). τ = 0 (greedy) scores under τ = 1. The same
+    function serves sampling and re-scoring, so both see one distribution.
     """
     logits = logits.float()
-    if temperature > 0:
+    if isinstance(temperature, Tensor):
+        tau = temperature.to(device=logits.device, dtype=logits.dtype)
+        logits = logits / torch.where(tau > 0, tau, torch.ones_like(tau))[:, None, None]
+    elif temperature > 0:
         logits = logits / temperature
     if suppressed is not None and suppressed.numel():
         logits = logits.index_fill(-1, suppressed, float("-inf"))

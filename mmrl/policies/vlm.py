@@ -34,7 +34,7 @@ from transformers import AutoModelForImageTextToText, AutoProcessor, GenerationC
 from mmrl.config import ConfigError
 from mmrl.contracts import IMAGE_PLACEHOLDER, Policy, PolicyOutput
 from mmrl.policies.lora import BASE_FOLDER, add_lora, load_lora_weights
-from mmrl.policies.tokens import completion_mask_from_eos, positions_from_mask, token_logprobs
+from mmrl.policies.tokens import positions_from_mask, token_logprobs
 from mmrl.rollout import Rollout, SamplingParams
 from mmrl.samplers.hf_generate import HFGenerateSampler
 from mmrl.samplers.tokens import CompletionSampler, Completions, TokenRules, VisionPrompts
@@ -96,23 +96,21 @@ class VLMPayload:
     prompts: VisionPrompts
     completion_ids: Tensor  # [N, T] long, right-padded
     completion_mask: Tensor  # [N, T] long {0,1}
-    temperature: float
+    temperature: Tensor  # [N] float32: each row's sampling temperature (rows at different ones concatenate)
 
     def select(self, index: Tensor) -> VLMPayload:
         index = index.long()
         return VLMPayload(self.prompts.select(index), self.completion_ids[index], self.completion_mask[index],
-                          self.temperature)
+                          self.temperature[index])
 
     @classmethod
     def concat(cls, parts: Sequence[VLMPayload]) -> VLMPayload:
-        if len({p.temperature for p in parts}) != 1:
-            raise ValueError("cannot mix rollouts sampled at different temperatures")
         t_max = max(p.completion_ids.shape[1] for p in parts)
         pad = parts[0].prompts.pad_id
         return cls(VisionPrompts.concat([p.prompts for p in parts]),
                    torch.cat([F.pad(p.completion_ids, (0, t_max - p.completion_ids.shape[1]), value=pad) for p in parts]),
                    torch.cat([F.pad(p.completion_mask, (0, t_max - p.completion_mask.shape[1])) for p in parts]),
-                   parts[0].temperature)
+                   torch.cat([p.temperature for p in parts]))
 
 
 def check_processor_folder(path: Path) -> None:
@@ -359,7 +357,7 @@ class VLMPolicy(Policy):
         ids, mask = completions.ids.cpu(), completions.mask.cpu()
         texts = self.processor.tokenizer.batch_decode(ids.masked_fill(mask == 0, self.rules.pad_id),
                                                       skip_special_tokens=True)
-        payload = VLMPayload(prompts, ids, mask, sampling.temperature)
+        payload = VLMPayload(prompts, ids, mask, torch.full((len(rows),), sampling.temperature, dtype=torch.float32))
         return Rollout(logp=(completions.logp.cpu().float() * mask), mask=mask.float(), group_id=rows.clone(),
                        example_index=rows, outputs=texts, payload=payload, policy_version=completions.policy_version,
                        stats=dict(completions.stats))
@@ -403,7 +401,8 @@ class VLMPolicy(Policy):
         eos = tokenizer.convert_ids_to_tokens(self.eos_ids[0])
         enc = tokenizer([t + eos for t in targets], padding=True, padding_side="right", return_tensors="pt",
                         add_special_tokens=False)
-        return VLMPayload(self.encode(examples), enc["input_ids"], enc["attention_mask"], 1.0)
+        return VLMPayload(self.encode(examples), enc["input_ids"], enc["attention_mask"],
+                          torch.ones(len(examples), dtype=torch.float32))
 
     def sft_loss(self, examples: Sequence[Any], targets: Sequence[str]) -> Tensor:
         payload = self.target_payload(examples, targets)

@@ -48,8 +48,10 @@ def test_rendered_images_satisfy_their_prompts(task):
 def test_each_check_fails_on_its_own(task):
     rng = np.random.default_rng(1)
     prompt = ShapePrompt("one", "red", "square", "left")
-    cases = {"colour": ShapePrompt("one", "green", "square", "left"), "count": ShapePrompt("two", "red", "square", "left"),
-             "shape": ShapePrompt("one", "red", "circle", "left"), "position": ShapePrompt("one", "red", "square", "right")}
+    cases = {"colour": ShapePrompt("one", "green", "square", "left"),
+             "count": ShapePrompt("two", "red", "square", "left"),
+             "shape": ShapePrompt("one", "red", "circle", "left"),
+             "position": ShapePrompt("one", "red", "square", "right")}
     for check, drawn in cases.items():
         result = task.reward(prompt, render(drawn, 16, rng))
         assert result.components[check] == 0.0, check

@@ -146,7 +146,7 @@ def test_sft_warm_start_learns_the_answer_format():
     from mmrl.registry import make_policy
     from mmrl.warm_start import sft
 
-    cfg = load_config("vlm_sanity/tiny_cpu", [*QUIET, "warm_start.sft_steps=60"])
+    cfg = load_config("vlm_sanity/tiny_cpu", [*QUIET, "warm_start.sft_steps=60", "warm_start.lr=3e-3"])
     task = make_task(cfg.task.name, cfg.task.args)
     policy = make_policy(cfg.policy.name, cfg.policy.args)
     before = held_out(policy, task)
@@ -157,13 +157,23 @@ def test_sft_warm_start_learns_the_answer_format():
     assert after["reward"] >= before["reward"] + 0.08
 
 
+def test_short_grpo_run_raises_held_out_accuracy(tmp_path):
+    """Short real RL learning check: 10 GRPO steps of the recipe from its undecided warm start."""
+    run = tmp_path / "run"
+    assert main(["train", "vlm_sanity/tiny_cpu", "--out", str(run), "--no-plot", *QUIET, "trainer.steps=10",
+                 "eval.every=10", "eval.num_examples=100", "checkpoint.every=0"]) == 0
+    first, last = [r for r in read_rows(run) if "eval/accuracy" in r]
+    assert first["eval/format_rate"] == 1.0 and 0.3 < first["eval/accuracy"] < 0.7  # undecided start
+    assert last["eval/accuracy"] >= first["eval/accuracy"] + 0.08
+
+
 @pytest.mark.slow
 def test_grpo_raises_held_out_accuracy_after_the_warm_start(tmp_path):
     """The recipe as documented in docs/results.md (a few minutes on 2 cores)."""
     run = tmp_path / "run"
     assert main(["train", "vlm_sanity/tiny_cpu", "--out", str(run), "--no-plot", *QUIET]) == 0
     evals = [r for r in read_rows(run) if "eval/accuracy" in r]
-    assert evals[-1]["eval/accuracy"] > evals[0]["eval/accuracy"] + 0.15
+    assert evals[-1]["eval/accuracy"] > evals[0]["eval/accuracy"] + 0.3
 
 
 @pytest.mark.parametrize("recipe", ["qwen2_5_vl_3b_gpu", "qwen2_5_vl_7b_gpu", "qwen3_vl_4b_gpu", "qwen3_vl_8b_gpu"])
