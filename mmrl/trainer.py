@@ -587,6 +587,7 @@ class Trainer:
             shutil.rmtree(tmp, ignore_errors=True)
         self.engine.wait()
         self.engine.accelerator.save_state(str(tmp))
+        self.engine.wait()  # every process has written its RNG state into tmp before it is renamed
         if self.engine.is_main:
             self.policy.save_pretrained(str(tmp / "policy"))
             state = {"step": self.step, "policy_version": self.policy.version,
