@@ -7,3 +7,7 @@ from mmrl.tasks import sanity  # noqa: F401
 from mmrl.tasks import vlm_sanity  # noqa: F401
 from mmrl.tasks import imagegen  # noqa: F401
 from mmrl.tasks import robot  # noqa: F401
+from mmrl.tasks import spatial_ssrl  # noqa: F401
+from mmrl.tasks import curvebench  # noqa: F401
+from mmrl.tasks import vie  # noqa: F401
+from mmrl.tasks import driving  # noqa: F401

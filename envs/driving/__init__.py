@@ -1,0 +1,1 @@
+"""driving environments (work in progress; registers nothing yet)."""

@@ -1,0 +1,1 @@
+"""world_model environments (work in progress; registers nothing yet)."""

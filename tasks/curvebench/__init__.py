@@ -1,0 +1,1 @@
+"""curvebench task family (work in progress; registers nothing yet)."""

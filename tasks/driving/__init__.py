@@ -1,0 +1,1 @@
+"""driving task family (work in progress; registers nothing yet)."""

@@ -1,0 +1,1 @@
+"""spatial_ssrl task family (work in progress; registers nothing yet)."""

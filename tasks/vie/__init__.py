@@ -1,0 +1,1 @@
+"""vie task family (work in progress; registers nothing yet)."""
