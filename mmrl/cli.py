@@ -1,8 +1,9 @@
-"""``mmrl`` command line: train, sft / bc, list, plot.
+"""``mmrl`` command line: train, sft / bc, eval, list, plot.
 
     mmrl train configs/sanity/tiny_cpu.yaml trainer.lr=1e-4 --out runs/x
     mmrl sft sanity/tiny_cpu --out runs/sft warm_start.sft_steps=200
     mmrl train sanity/tiny_cpu --out runs/x --resume
+    mmrl eval curvebench/easy-v0 --model runs/x --k 4
     mmrl list
     mmrl plot runs/x
 """
@@ -45,6 +46,19 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--out", required=True, help="new folder for the merged checkpoint")
 
     sub.add_parser("list", help="registered tasks, envs, policies, algorithms and recipes")
+
+    evaluate = sub.add_parser("eval", help="a task's held-out metrics for a saved model (pass@k with --k)")
+    evaluate.add_argument("target", help="a task id (e.g. curvebench/easy-v0) or a recipe")
+    evaluate.add_argument("overrides", nargs="*", help="dotted overrides, e.g. task.args.num_curves=3")
+    evaluate.add_argument("--model", help="an HF model folder, a run folder (latest checkpoint) or an `mmrl sft` folder")
+    evaluate.add_argument("--policy", default="vlm", help="policy built around --model for a task id (default vlm)")
+    evaluate.add_argument("--split", default="test", help="comma-separated task splits (default test)")
+    evaluate.add_argument("--num-examples", type=int, default=128, help="examples per split (default 128)")
+    evaluate.add_argument("--seed", type=int, default=1234, help="seed of the examples (the trainer's eval.seed)")
+    evaluate.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
+    evaluate.add_argument("--max-new-tokens", type=int, default=None, help="default: the config's rollout.max_new_tokens")
+    evaluate.add_argument("--k", type=int, default=1, help="> 1: also pass@k and mean@k over k samples at temperature 1")
+    evaluate.add_argument("--json", help="also write the metrics to this JSON file")
 
     sub.add_parser("doctor", help="MuJoCo rendering diagnostics: MUJOCO_GL, working backends, frames/s")
 
@@ -188,6 +202,10 @@ def main(argv: list[str] | None = None) -> int:
             from mmrl.policies.lora import merge_and_export
 
             print(f"plain Hugging Face checkpoint saved to {merge_and_export(args.policy_dir, args.out)}")
+        elif args.command == "eval":
+            from mmrl.evaluate import run_eval
+
+            print(run_eval(args))
         elif args.command == "list":
             print(list_components())
         elif args.command == "doctor":

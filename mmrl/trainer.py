@@ -31,6 +31,7 @@ from mmrl.algos.variants import (LOSS_TERMS, REHEARSAL_DIVERGENCES, ROLLOUT_STRA
 from mmrl.config import ConfigError, TrainConfig, dump_config
 from mmrl.contracts import Policy, PolicyOutput, RewardResult
 from mmrl.engine import Engine
+from mmrl.evaluate import pass_at_k, rollout_metrics, verify
 from mmrl.logging import RunLogger, truncate_metrics
 from mmrl.registry import make_task
 from mmrl.rollout import Rollout, SamplingParams
@@ -272,13 +273,7 @@ class Trainer:
         return (part if bool(keep.all()) else self.select_rows(part, keep)), extra
 
     def verify(self, rollout: Rollout, examples: list[Any]) -> list[RewardResult]:
-        results = []
-        for i, output in zip(rollout.example_index.tolist(), rollout.outputs):
-            try:
-                results.append(self.task.reward(examples[i], output))
-            except Exception as err:  # a reward must be total; say which task and output broke it
-                raise RuntimeError(f"{self.cfg.task.name}.reward raised on output {output!r}: {err}") from err
-        return results
+        return verify(self.task, self.cfg.task.name, rollout, examples)
 
     def score(self, rollout: Rollout, examples: list[Any]) -> Batch:
         results = self.verify(rollout, examples)
@@ -563,8 +558,7 @@ class Trainer:
         rollout = self.policy.rollout(examples, 1, sampling, seed)
         results = self.verify(rollout, examples)
         n, total = len(results), eng.sum(len(results))
-        metrics = {"reward_mean": float(np.mean([r.score for r in results]))}
-        metrics |= self.task.metrics([examples[i] for i in rollout.example_index.tolist()], rollout.outputs, results)
+        metrics = rollout_metrics(self.task, examples, rollout, results)
         if cfg.eval.pass_k and index == 0:
             metrics |= self.pass_at_k(examples)
         return {f"eval/{k}": eng.sum(v * n) / total for k, v in metrics.items()}
@@ -617,14 +611,6 @@ class Trainer:
         if self.engine.is_main:
             truncate_metrics(self.out, self.step)
             dump_config(self.cfg, self.out / "config.yaml")
-
-
-def pass_at_k(scores: Tensor, example_index: Tensor, num_examples: int, threshold: float) -> float:
-    """Share of examples with at least one of their samples scoring ≥ ``threshold`` ([N] scores and
-    example indices; with n = k samples this is the pass@k estimator of Chen et al. 2021)."""
-    passes = torch.zeros(num_examples, dtype=torch.float64).index_add_(0, example_index,
-                                                                       (scores >= threshold).double())
-    return float((passes > 0).double().mean())
 
 
 def lr_factor(update: int, warmup: int, total: int, schedule: str) -> float:

@@ -83,3 +83,33 @@ def test_warm_start_verb_saves_a_loadable_policy(tmp_path, capsys, verb):
     assert "--overwrite" in capsys.readouterr().err
     assert main([verb, "sanity/tiny_cpu", "--out", str(tmp_path / "none"), *QUIET, "warm_start.sft_steps=0"]) == 2
     assert "sft_steps must be >= 1" in capsys.readouterr().err
+
+
+def test_eval_of_a_run_equals_the_runs_own_last_evaluation(tmp_path, capsys):
+    import json
+
+    from mmrl.logging import read_metrics
+
+    run = tmp_path / "run"
+    assert main(["train", "sanity/tiny_cpu", "--out", str(run), *QUIET, *TINY, "checkpoint.every=2", "--no-plot"]) == 0
+    capsys.readouterr()
+    report = tmp_path / "eval.json"
+    # the run's eval set: eval.num_examples=8 at eval.seed 1234, greedy, as in TINY
+    assert main(["eval", "sanity/tiny_cpu", "--model", str(run), "--num-examples", "8", "--k", "3",
+                 "--json", str(report)]) == 0
+    printed = capsys.readouterr().out
+    assert "[test]" in printed and "pass@3" in printed
+    metrics = json.loads(report.read_text())["metrics"]["test"]
+    logged = [r for r in read_metrics(run) if "eval/reward_mean" in r][-1]
+    assert metrics["reward_mean"] == pytest.approx(logged["eval/reward_mean"], abs=1e-6)
+    assert 0.0 <= metrics["pass@3"] <= 1.0 and 0.0 <= metrics["mean@3"] <= 1.0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["eval", "sanity/reverse-v0"], "give the weights with --model"),
+    (["eval", "sanity/reverse-v0", "--model", "/nonexistent/folder"], "no such folder"),
+    (["eval", "sanity/tiny_cpu", "--num-examples", "0"], "--num-examples and --k must be >= 1"),
+])
+def test_eval_user_errors_exit_2(capsys, argv, message):
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err

@@ -1,0 +1,163 @@
+"""``mmrl eval``: a task's held-out metrics for a saved model, without training.
+
+    mmrl eval curvebench/easy-v0 --model /models/Qwen3-VL-8B        # an HF folder, task defaults
+    mmrl eval curvebench/easy-v0 --model runs/curvebench --k 4      # a run: its policy config + latest checkpoint
+    mmrl eval configs/vie/tiny_cpu.yaml --model runs/vie_sft         # a recipe's task and policy, these weights
+
+The metrics are the trainer's held-out ones (``reward_mean`` and the task's ``metrics``), computed
+by the same functions, so a number printed here equals the ``eval/<metric>`` a run logs for the
+same weights, examples, temperature and seed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from mmrl.config import ConfigError, TrainConfig, apply_overrides, build, load_yaml, resolve_recipe, validate
+from mmrl.contracts import Policy, RewardResult
+from mmrl.rollout import Rollout, SamplingParams
+
+RUN_CONFIG = "config.yaml"
+
+
+def verify(task: Any, task_id: str, rollout: Rollout, examples: Sequence[Any]) -> list[RewardResult]:
+    """The task's verdict on every row of ``rollout`` (row i answers ``examples[example_index[i]]``)."""
+    results = []
+    for i, output in zip(rollout.example_index.tolist(), rollout.outputs):
+        try:
+            results.append(task.reward(examples[i], output))
+        except Exception as err:  # a reward must be total; say which task and output broke it
+            raise RuntimeError(f"{task_id}.reward raised on output {output!r}: {err}") from err
+    return results
+
+
+def rollout_metrics(task: Any, examples: Sequence[Any], rollout: Rollout,
+                    results: Sequence[RewardResult]) -> dict[str, float]:
+    """``reward_mean`` and the task's own metrics over one rollout of ``examples``."""
+    metrics = {"reward_mean": float(np.mean([r.score for r in results]))}
+    metrics |= task.metrics([examples[i] for i in rollout.example_index.tolist()], rollout.outputs, results)
+    return metrics
+
+
+def pass_at_k(scores: torch.Tensor, example_index: torch.Tensor, num_examples: int, threshold: float) -> float:
+    """Share of examples with at least one of their samples scoring ≥ ``threshold`` ([N] scores and
+    example indices; with n = k samples this is the pass@k estimator of Chen et al. 2021)."""
+    passes = torch.zeros(num_examples, dtype=torch.float64).index_add_(0, example_index,
+                                                                       (scores >= threshold).double())
+    return float((passes > 0).double().mean())
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    split: str = "test"
+    num_examples: int = 128
+    seed: int = 1234
+    """Seed of the held-out examples (the trainer's ``eval.seed``)."""
+    temperature: float = 0.0
+    """0: greedy, as the trainer's evaluation."""
+    max_new_tokens: int = 32
+    k: int = 1
+    """> 1: also draw k samples per example at ``pass_temperature``: ``pass@k`` and ``mean@k``."""
+    pass_temperature: float = 1.0
+    pass_threshold: float = 1.0
+
+
+@torch.no_grad()
+def evaluate_policy(policy: Policy, task: Any, task_id: str, s: EvalSettings) -> dict[str, float]:
+    """Held-out metrics of ``policy`` on ``s.num_examples`` examples of ``s.split`` (one process)."""
+    policy.eval()
+    examples = task.sample_batch(s.split, s.num_examples, np.random.default_rng(s.seed))
+    rollout = policy.rollout(examples, 1, SamplingParams(s.temperature, 1.0, s.max_new_tokens), s.seed)
+    metrics = rollout_metrics(task, examples, rollout, verify(task, task_id, rollout, examples))
+    if s.k > 1:
+        sampled = policy.rollout(examples, s.k, SamplingParams(s.pass_temperature, 1.0, s.max_new_tokens), s.seed + 1)
+        scores = torch.tensor([r.score for r in verify(task, task_id, sampled, examples)], dtype=torch.float64)
+        metrics[f"pass@{s.k}"] = pass_at_k(scores, sampled.example_index, len(examples), s.pass_threshold)
+        metrics[f"mean@{s.k}"] = float(scores.mean())
+    return metrics
+
+
+def resolve(target: str, model: str | None, overrides: Sequence[str], policy_name: str = "vlm"
+            ) -> tuple[TrainConfig, Path | None]:
+    """The config to build the task and policy from, and the weights to load into the policy.
+
+    - ``model`` is a run folder (``config.yaml`` + ``checkpoints/``): its config, its latest checkpoint;
+    - ``model`` is a folder written by ``mmrl sft`` / ``mmrl bc`` (``config.yaml``, no checkpoints): its
+      config, its weights;
+    - otherwise ``target`` names the config: a recipe (its policy, then ``model``'s weights loaded into
+      it), or a registered task id (``policy_name`` built from ``model``: ``pretrained=<model>``).
+    The task is always ``target``'s when ``target`` is a task id. Overrides apply last.
+    """
+    from mmrl import checkpoint as ckpt
+    from mmrl.registry import TASKS, load_builtins
+
+    load_builtins()
+    is_task = target in TASKS.names()
+    model_dir = Path(model) if model else None
+    if model_dir is not None and not model_dir.is_dir():
+        raise FileNotFoundError(f"--model {model}: no such folder")
+    weights: Path | None = model_dir
+    if model_dir is not None and (model_dir / RUN_CONFIG).is_file():
+        data = load_yaml(model_dir / RUN_CONFIG)
+        if (model_dir / "checkpoints").is_dir():
+            latest = ckpt.latest_checkpoint(model_dir)
+            if latest is None:
+                raise FileNotFoundError(f"--model {model}: the run has no checkpoint yet")
+            weights = latest / "policy"
+        if is_task and data.get("task", {}).get("name") != target:
+            data["task"] = {"name": target, "args": {}}
+    elif is_task:
+        if model_dir is None:
+            raise ConfigError(f"mmrl eval {target}: give the weights with --model DIR (an HF folder or a run)")
+        data = {"task": {"name": target, "args": {}}, "policy": {"name": policy_name, "args": {"pretrained": model}}}
+        weights = None  # the policy loads them itself
+    else:
+        data = load_yaml(resolve_recipe(target))
+    return validate(build(TrainConfig, apply_overrides(data, list(overrides)))), weights
+
+
+def evaluate_target(target: str, model: str | None, overrides: Sequence[str], splits: Sequence[str],
+                    s: EvalSettings, policy_name: str = "vlm", max_new_tokens: int | None = None
+                    ) -> dict[str, dict[str, float]]:
+    """Build the task and policy (:func:`resolve`), load the weights, evaluate every split."""
+    from mmrl.registry import make_policy, make_task
+
+    cfg, weights = resolve(target, model, overrides, policy_name)
+    task = make_task(cfg.task.name, cfg.task.args)
+    policy = make_policy(cfg.policy.name, cfg.policy.args)
+    if weights is not None:
+        policy.load_weights(str(weights))
+    s = dataclasses.replace(s, max_new_tokens=max_new_tokens or cfg.rollout.max_new_tokens)
+    return {split: evaluate_policy(policy, task, cfg.task.name, dataclasses.replace(s, split=split))
+            for split in splits}
+
+
+def run_eval(args: Any) -> str:
+    """``mmrl eval`` (arguments of :func:`mmrl.cli.build_parser`): a printable table, JSON when asked."""
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    splits = [split for split in args.split.split(",") if split]
+    if args.num_examples < 1 or args.k < 1:
+        raise ConfigError(f"--num-examples and --k must be >= 1, got {args.num_examples} and {args.k}")
+    settings = EvalSettings(num_examples=args.num_examples, seed=args.seed, temperature=args.temperature, k=args.k)
+    results = evaluate_target(args.target, args.model, args.overrides, splits, settings, args.policy,
+                              args.max_new_tokens)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"target": args.target, "model": args.model,
+                                               "settings": dataclasses.asdict(settings), "metrics": results},
+                                              indent=2))
+    lines = [f"{args.target}: {args.num_examples} examples per split, temperature {args.temperature}, "
+             f"seed {args.seed}" + (f", model {args.model}" if args.model else "")]
+    for split, metrics in results.items():
+        lines.append(f"[{split}]")
+        lines += [f"  {key:<28} {value:.4f}" for key, value in metrics.items()]
+    return "\n".join(lines)
