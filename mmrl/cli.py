@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--seed", type=int, default=1234, help="seed of the examples (the trainer's eval.seed)")
     evaluate.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
     evaluate.add_argument("--max-new-tokens", type=int, default=None, help="default: the config's rollout.max_new_tokens")
-    evaluate.add_argument("--k", type=int, default=1, help="> 1: also pass@k and mean@k over k samples at temperature 1")
+    evaluate.add_argument("--k", type=int, default=1, help="> 1: also pass@k and mean@k over k samples (at the config's eval.pass_temperature)")
     evaluate.add_argument("--json", help="also write the metrics to this JSON file")
 
     sub.add_parser("doctor", help="MuJoCo rendering diagnostics: MUJOCO_GL, working backends, frames/s")

@@ -135,7 +135,9 @@ def evaluate_target(target: str, model: str | None, overrides: Sequence[str], sp
     policy = make_policy(cfg.policy.name, cfg.policy.args)
     if weights is not None:
         policy.load_weights(str(weights))
-    s = dataclasses.replace(s, max_new_tokens=max_new_tokens or cfg.rollout.max_new_tokens)
+    # pass@k samples and threshold as the config's evaluation defines them (a run's own settings)
+    s = dataclasses.replace(s, max_new_tokens=max_new_tokens or cfg.rollout.max_new_tokens,
+                            pass_temperature=cfg.eval.pass_temperature, pass_threshold=cfg.eval.pass_threshold)
     return {split: evaluate_policy(policy, task, cfg.task.name, dataclasses.replace(s, split=split))
             for split in splits}
 

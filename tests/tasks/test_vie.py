@@ -25,10 +25,10 @@ def test_examples_are_seeded_visual_prompts_with_a_key_subset():
     a = t.sample_batch("train", 6, np.random.default_rng(0))
     b = t.sample_batch("train", 6, np.random.default_rng(0))
     assert [e.truth for e in a] == [e.truth for e in b]
-    for e in a:
+    for e, f in zip(a, b):
         assert e.prompt.count("<image>") == len(e.images) == 1
         assert set(e.truth) <= {k for k, _ in e.document.fields} and e.truth
-        assert np.array_equal(np.asarray(e.images[0]), np.asarray(b[a.index(e)].images[0]))
+        assert np.array_equal(np.asarray(e.images[0]), np.asarray(f.images[0]))
 
 
 def test_train_and_test_documents_never_overlap():
