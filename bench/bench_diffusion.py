@@ -7,7 +7,10 @@ every (image, timestep) decision.
 - **reference** (kvablack/ddpo-pytorch ``pipeline_with_logprob`` + ``ddim_step_with_logprob`` +
   ``train.py``): sampling calls ``DDIMScheduler.step`` per timestep and recomputes each step's
   log-prob the reference way (per-step ``alphas_cumprod.gather``, left-broadcasts); training loops
-  over timesteps, one UNet call + backward per timestep, gradients accumulated, one optimizer step.
+  over ``train.batch_size`` chunks of samples and, inside each, over timesteps: one UNet call +
+  backward per (chunk, timestep), gradients accumulated, one optimizer step. The chunk is
+  ``--ref-train-batch`` samples, by default the mmrl side's ``--micro-batch``, so both sides
+  back-propagate the same rows per chunk (mmrl: all their timesteps at once).
 - **mmrl**: ``DiffusionPolicy.rollout`` (log-probs from the step's own mean and σ) and
   ``DiffusionPolicy.forward``, which re-scores all timesteps of the batch in one UNet call, then
   ``ppo_clip`` + ``token-mean`` from ``mmrl.algos``.
@@ -79,7 +82,7 @@ def ddim_step_with_logprob(self, model_output, timestep, sample, eta, prev_sampl
 
 
 def reference_step(unet: torch.nn.Module, policy: DiffusionPolicy, prompts: list[str], advantages: torch.Tensor,
-                   optimizer, steps: int, seed: int) -> None:
+                   optimizer, steps: int, seed: int, train_batch: int) -> None:
     sched, g = policy.scheduler, policy.cfg.guidance_scale
     cond, uncond = policy.encode_prompts(prompts), policy.encode_prompts([""])
     n = len(prompts)
@@ -100,14 +103,18 @@ def reference_step(unet: torch.nn.Module, policy: DiffusionPolicy, prompts: list
             timesteps.append(t)
             x = x_prev
     old = torch.stack(logps, 1)
-    for j, t in enumerate(timesteps):  # train.py: one timestep at a time, gradients accumulated
-        x_j = latents[j]
-        out = unet(torch.cat([x_j, x_j]), t, class_labels=embeds).sample
-        u, c = out.chunk(2)
-        logp = ddim_step_with_logprob(sched, u + g * (c - u), t.expand(n), x_j, 1.0, latents[j + 1])
-        ratio = torch.exp(logp - old[:, j])
-        loss = torch.mean(torch.maximum(-advantages * ratio, -advantages * ratio.clamp(1 - CLIP, 1 + CLIP)))
-        (loss / len(timesteps)).backward()
+    # train.py: batches of train.batch_size samples, one timestep at a time, gradients accumulated
+    for rows in torch.arange(n).split(train_batch):
+        emb = torch.cat([embeds[:n][rows], embeds[n:][rows]])
+        for j, t in enumerate(timesteps):
+            x_j = latents[j][rows]
+            out = unet(torch.cat([x_j, x_j]), t, class_labels=emb).sample
+            u, c = out.chunk(2)
+            logp = ddim_step_with_logprob(sched, u + g * (c - u), t.expand(len(rows)), x_j, 1.0, latents[j + 1][rows])
+            ratio = torch.exp(logp - old[rows, j])
+            adv = advantages[rows]
+            loss = torch.mean(torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - CLIP, 1 + CLIP)))
+            (loss * len(rows) / n / len(timesteps)).backward()
     torch.nn.utils.clip_grad_norm_(unet.parameters(), 1.0)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
@@ -158,6 +165,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--micro-batch", type=int, default=8,
                         help="rows per re-scoring call on the mmrl side (trainer.micro_batch_size)")
+    parser.add_argument("--ref-train-batch", type=int, default=None,
+                        help="samples per backward chunk on the reference side (ddpo-pytorch's train.batch_size; "
+                             "default: the same as --micro-batch, so both sides hold the same rows per chunk)")
     parser.add_argument("--contiguous", action="store_true",
                         help="mmrl side without channels-last (isolates the batched re-scoring's gain)")
     args = parser.parse_args()
@@ -174,7 +184,9 @@ def main() -> None:
     # The same weights, in PyTorch's default memory format, as the reference code runs them.
     ref_unet = copy.deepcopy(policy.unet).to(memory_format=torch.contiguous_format)
     ref_optimizer = torch.optim.AdamW(ref_unet.parameters(), lr=1e-6)
-    sides = {"reference": lambda s: reference_step(ref_unet, policy, prompts, advantages, ref_optimizer, args.steps, s),
+    ref_batch = args.ref_train_batch or args.micro_batch
+    sides = {"reference": lambda s: reference_step(ref_unet, policy, prompts, advantages, ref_optimizer, args.steps, s,
+                                                   ref_batch),
              "mmrl": lambda s: mmrl_step(policy, examples, args.group, advantages, optimizer, s, args.micro_batch)}
     times: dict[str, list[float]] = {k: [] for k in sides}
     memory: dict[str, list[int]] = {k: [] for k in sides}
@@ -189,7 +201,7 @@ def main() -> None:
     print(f"DDPO RL step, {len(prompts)} images x {args.steps} DDIM steps, CFG, 16 px, "
           f"{sum(p.numel() for p in policy.unet.parameters()) / 1e6:.2f} M-param UNet, "
           f"{args.repeats} interleaved repeats")
-    print(f"  reference (scheduler.step + per-timestep re-scoring): {ref:.3f} s  "
+    print(f"  reference (scheduler.step + per-timestep re-scoring, {ref_batch} rows per call): {ref:.3f} s  "
           f"peak saved for backward {max(memory['reference']) / 2**20:.1f} MiB")
     print(f"  mmrl (batched re-scoring, {args.micro_batch:>3} rows per call):      {ours:.3f} s  "
           f"peak saved for backward {max(memory['mmrl']) / 2**20:.1f} MiB")

@@ -45,11 +45,11 @@ def main() -> None:
         trainer = Trainer(load_config("sanity/tiny_cpu", overrides), out)
         trainer.step = 1
         batch = trainer.collect()
-        advantages, returns, ref_logp = trainer.advantages(batch)
+        advantages, returns, reference = trainer.advantages(batch)
         bare_optimizer = torch.optim.AdamW(trainer.policy.parameters(), lr=1e-6)
 
         def mmrl_step() -> None:
-            trainer.update(batch.rollout, advantages, returns, ref_logp)
+            trainer.update(batch.rollout, advantages, returns, reference)
 
         def bare_step() -> None:
             bare_update(trainer.policy, batch.rollout, advantages, bare_optimizer)

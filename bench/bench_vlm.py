@@ -113,8 +113,8 @@ def step_benchmark(batch_sizes: list[int], repeats: int) -> list[dict]:
                 with PeakRSS() as rss:
                     start = time.perf_counter()
                     batch = trainer.collect()
-                    advantages, returns, ref_logp = trainer.advantages(batch)
-                    trainer.update(batch.rollout, advantages, returns, ref_logp)
+                    advantages, returns, reference = trainer.advantages(batch)
+                    trainer.update(batch.rollout, advantages, returns, reference)
                     elapsed = time.perf_counter() - start
                 if repeat:  # repeat 0 warms up
                     times.append(elapsed)

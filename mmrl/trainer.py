@@ -54,6 +54,17 @@ def derive_seed(*parts: int) -> int:
     return int(np.random.SeedSequence([p & 0xFFFFFFFF for p in parts]).generate_state(1)[0])
 
 
+def select_output(reference: PolicyOutput | Tensor | None, idx: Tensor) -> PolicyOutput | None:
+    """Rows ``idx`` of the reference policy's outputs (a bare [N, T] tensor is its log-probs)."""
+    if reference is None:
+        return None
+    if isinstance(reference, Tensor):
+        return PolicyOutput(logp=reference[idx])
+    return PolicyOutput(logp=reference.logp[idx],
+                        mean=None if reference.mean is None else reference.mean[idx],
+                        std=None if reference.std is None else reference.std[idx])
+
+
 def prepare_out_dir(out: Path, resume: bool, overwrite: bool) -> None:
     """Refuse to clobber a previous run: ``--resume`` continues it, ``--overwrite`` replaces it."""
     if resume:
@@ -134,8 +145,8 @@ class Trainer:
             if self.engine.any(not torch.isfinite(batch.outcome).all()):
                 row["train/skipped_nonfinite_reward"] = 1  # a NaN reward: skip the step, keep going
             else:
-                advantages, returns, ref_logp = self.advantages(batch)
-                row |= self.update(batch.rollout, advantages, returns, ref_logp, self.loss_term_rows(batch))
+                advantages, returns, reference = self.advantages(batch)
+                row |= self.update(batch.rollout, advantages, returns, reference, self.loss_term_rows(batch))
             row |= {"perf/rollout_s": rollout_s, "perf/step_s": time.perf_counter() - start,
                     "perf/decisions_per_s": self.engine.sum(batch.rollout.mask.sum()) / max(rollout_s, 1e-9)}
             if self.step == cfg.trainer.steps or (cfg.eval.every and self.step % cfg.eval.every == 0):
@@ -321,10 +332,12 @@ class Trainer:
         return stats
 
     # ------------------------------------------------------------------------------------------
-    def advantages(self, batch: Batch) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        """Estimator then shaping hooks; also the reference log-probs (for KL) when kept."""
+    def advantages(self, batch: Batch) -> tuple[Tensor, Tensor | None, PolicyOutput | None]:
+        """Estimator then shaping hooks; also the reference policy's outputs on the rollout (its
+        log-probs, and for Gaussian KL estimators its means) when a reference is kept."""
         a, rollout = self.cfg.algo, batch.rollout
-        ref_logp = self.reference_logp(rollout)
+        reference = self.reference_outputs(rollout)
+        ref_logp = None if reference is None else reference.logp
         kl = (rollout.logp - ref_logp) * rollout.mask if ref_logp is not None else None
         inputs = AdvantageInputs(rewards=batch.rewards, mask=rollout.mask, group_id=rollout.group_id,
                                  step_rewards=rollout.step_rewards, values=rollout.values, dones=rollout.dones, kl=kl)
@@ -339,7 +352,7 @@ class Trainer:
                              mask=rollout.mask, logp_old=rollout.logp, ref_logp=ref_logp, entropy=entropy)
         for hook in a.shaping:
             advantages = SHAPING_HOOKS.get(hook)(advantages, ctx, a)
-        return advantages, returns, ref_logp
+        return advantages, returns, reference
 
     def loss_term_rows(self, batch: Batch) -> LossTermRows | None:
         """Per-row inputs of ``algo.loss_terms`` (None without any): the rows' outcomes and, with the
@@ -356,24 +369,36 @@ class Trainer:
         index = batch.rollout.example_index
         return LossTermRows(batch.outcome, expert.logp[index], expert.mask[index])
 
-    def reference_logp(self, rollout: Rollout) -> Tensor | None:
-        mode = self.cfg.trainer.ref_model
-        if mode == "copy":
-            return self.forward_no_grad(self.ref, rollout)
-        if mode == "adapter_disabled":
-            with self.policy.adapter_disabled():
-                return self.forward_no_grad(self.policy, rollout)
-        return None
-
     @torch.no_grad()
-    def reference_output(self, rows: Rollout) -> PolicyOutput:
-        """The reference policy's full output on ``rows`` (for KL estimators that need more than
-        log-probs, e.g. the Gaussian means of ``gaussian_mean``)."""
-        with self.engine.autocast():
-            if self.cfg.trainer.ref_model == "copy":
-                return self.ref(rows)
+    def reference_outputs(self, rollout: Rollout) -> PolicyOutput | None:
+        """The reference policy on the whole rollout, in micro-batches, once per step: log-probs
+        [N, T], plus the Gaussian means / stds when ``algo.kl_estimator`` needs them (Flow-GRPO's
+        KL on the mean), kept on the CPU and sliced per micro-batch by :meth:`update`."""
+        mode = self.cfg.trainer.ref_model
+        if mode not in ("copy", "adapter_disabled"):
+            return None
+        if self.cfg.algo.kl_estimator not in GAUSSIAN_KL_ESTIMATORS:
+            if mode == "copy":
+                return PolicyOutput(logp=self.forward_no_grad(self.ref, rollout))
             with self.policy.adapter_disabled():
-                return self.policy(rows)
+                return PolicyOutput(logp=self.forward_no_grad(self.policy, rollout))
+        size, parts = self.cfg.trainer.micro_batch_size, []
+        for start in range(0, rollout.num_rows, size):
+            rows = rollout.select(torch.arange(start, min(start + size, rollout.num_rows)))
+            with self.engine.autocast():
+                if mode == "copy":
+                    out = self.ref(rows)
+                else:
+                    with self.policy.adapter_disabled():
+                        out = self.policy(rows)
+            if out.mean is None or out.std is None:
+                raise ValueError(f"algo.kl_estimator {self.cfg.algo.kl_estimator} needs a policy whose decisions "
+                                 f"are Gaussian and that returns PolicyOutput.mean / std (the diffusion policy); "
+                                 f"{type(self.policy).__name__} does not: use k1 / k3 / low_var_kl")
+            parts.append(out)
+        return PolicyOutput(logp=torch.cat([o.logp.float().cpu() for o in parts]) * rollout.mask,
+                            mean=torch.cat([o.mean.float().cpu() for o in parts]),
+                            std=torch.cat([o.std.float().cpu() for o in parts]))
 
     @torch.no_grad()
     def forward_no_grad(self, model: Policy, rollout: Rollout, entropy: bool = False) -> Tensor:
@@ -389,7 +414,7 @@ class Trainer:
         return torch.cat([torch.nn.functional.pad(p, (0, t_max - p.shape[1])) for p in parts]) * rollout.mask
 
     def update(self, rollout: Rollout, advantages: Tensor, returns: Tensor | None,
-               ref_logp: Tensor | None, term_rows: LossTermRows | None = None) -> dict[str, float]:
+               reference: PolicyOutput | Tensor | None, term_rows: LossTermRows | None = None) -> dict[str, float]:
         """``ppo_epochs`` passes of ``minibatches`` optimizer steps over this process's rows.
 
         Each minibatch holds whole groups; its loss uses the token / sequence counts of the
@@ -428,7 +453,7 @@ class Trainer:
                     with eng.no_sync(self.model, skip_sync=i < len(micro) - 1):
                         terms = self.loss_terms(rollout.select(idx), logp_old[idx], advantages[idx],
                                                 None if returns is None else returns[idx],
-                                                None if ref_logp is None else ref_logp[idx], denominators,
+                                                select_output(reference, idx), denominators,
                                                 None if term_rows is None else term_rows.select(idx))
                         # DDP averages gradients over processes; the loss is a global sum.
                         eng.backward(terms.pop("loss/total_tensor") * eng.world_size)
@@ -442,7 +467,7 @@ class Trainer:
         metrics = {key: (eng.sum(v) / updates if key.startswith("loss/") else
                          v / updates if key == "policy/grad_norm" else eng.sum(v) / total_tokens)
                    for key, v in sums.items()}
-        if ref_logp is None:
+        if reference is None:
             metrics["policy/kl_ref"] = None
         if self.rehearsal is not None:
             metrics["rollout/rehearsal_rows"] = self.rehearsal.num_rows
@@ -480,7 +505,7 @@ class Trainer:
         return rollout.select(always_solved.nonzero().squeeze(1))
 
     def loss_terms(self, rows: Rollout, logp_old: Tensor, adv: Tensor, returns: Tensor | None,
-                   ref_logp: Tensor | None, denominators: dict,
+                   reference: PolicyOutput | None, denominators: dict,
                    term_rows: LossTermRows | None = None) -> dict[str, Any]:
         a, device = self.cfg.algo, self.engine.device
         mask, logp_old, adv = rows.mask.to(device), logp_old.to(device), adv.to(device)
@@ -500,11 +525,13 @@ class Trainer:
             value = aggregate(per_token, mask, a.loss_agg, **denominators)
             total = total + value
             terms |= {f"loss/{name}": value.item(), **{k: float(v) for k, v in term_metrics.items()}}
-        if ref_logp is not None:
+        if reference is not None:
             if a.kl_estimator in GAUSSIAN_KL_ESTIMATORS:  # closed form from the decisions' means (Flow-GRPO)
-                kl = GAUSSIAN_KL_ESTIMATORS.get(a.kl_estimator)(out, self.reference_output(rows))
+                ref = PolicyOutput(logp=reference.logp.to(device), mean=reference.mean.to(device),
+                                   std=reference.std.to(device))
+                kl = GAUSSIAN_KL_ESTIMATORS.get(a.kl_estimator)(out, ref)
             else:
-                kl = kl_penalty(logp, ref_logp.to(device), a.kl_estimator)
+                kl = kl_penalty(logp, reference.logp.to(device), a.kl_estimator)
             loss_kl = aggregate(kl, mask, a.loss_agg, **denominators)
             total = total + a.kl_coef * loss_kl
             terms |= {"loss/kl": loss_kl.item(), "policy/kl_ref": float((kl.detach() * mask).sum() / mask.sum().clamp(min=1))}

@@ -8,7 +8,11 @@ The pipeline folder is in diffusers' layout (``model_index.json``, ``unet/``, ``
 ``text_encoder/``, ``tokenizer/``, optional ``vae/``) and is loaded unchanged: the tiny pixel-space
 models of ``mmrl pretrain-imagegen`` (``UNet2DModel`` conditioned through ``class_labels`` on the
 pooled text embedding) and latent Stable Diffusion folders (``UNet2DConditionModel`` with
-cross-attention, ``AutoencoderKL``) take the same code path. Classifier-free guidance runs inside
+cross-attention, ``AutoencoderKL``) take the same code path, and so do Stable Diffusion 3 folders
+(``transformer/`` = ``SD3Transformer2DModel``, two CLIP and an optional T5 text encoder, a VAE
+with a shift factor, ``FlowMatchEulerDiscreteScheduler``): their prompts are encoded by diffusers'
+own ``StableDiffusion3Pipeline.encode_prompt`` and the per-token and pooled embeddings travel as
+one flat tensor per row (``[L·E + P]``), so rollouts, CFG and re-scoring need no special case. Classifier-free guidance runs inside
 the policy, in sampling and in re-scoring (DDPO ``train.cfg=True``). The text encoder is frozen.
 
 Rollouts: T = denoising steps; ``mask`` marks the steps that are trained (a window: Flow-GRPO's
@@ -32,8 +36,8 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from diffusers import (AutoencoderKL, DDIMScheduler, FlowMatchEulerDiscreteScheduler, UNet2DConditionModel,
-                       UNet2DModel)
+from diffusers import (AutoencoderKL, DDIMScheduler, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel,
+                       UNet2DConditionModel, UNet2DModel)
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
@@ -45,6 +49,8 @@ from mmrl.samplers.diffusion import (cfg_combine, ddim_deterministic_step, ddim_
 log = logging.getLogger(__name__)
 
 REQUIRED_COMPONENTS = ("unet", "scheduler", "text_encoder", "tokenizer")
+SD3_REQUIRED_COMPONENTS = ("transformer", "scheduler", "text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2",
+                           "vae")
 LORA_FILE = "unet_lora.safetensors"
 LORA_BASE_FILE = "lora_base.json"
 
@@ -79,6 +85,8 @@ class DiffusionConfig:
     """UNet module names that get adapters (attention projections; conv1/conv2 for conv-only UNets)."""
     init_seed: int = 0
     """Seed of the LoRA initialisation."""
+    max_sequence_length: int = 256
+    """SD3 folders: T5 prompt tokens (Flow-GRPO trains SD3.5 with 128)."""
     channels_last: bool = True
     """Run the UNet in channels-last memory format (faster convolutions with oneDNN on CPU and on
     GPU tensor cores; the numbers agree with the default format to float rounding)."""
@@ -125,7 +133,10 @@ class DiffusionPayload:
 
 class DiffusionPolicy(Policy):
     def __init__(self, unet: torch.nn.Module, scheduler: Any, text_encoder: torch.nn.Module, tokenizer: Any,
-                 vae: AutoencoderKL | None, cfg: DiffusionConfig, source: Path | None = None):
+                 vae: AutoencoderKL | None, cfg: DiffusionConfig, source: Path | None = None,
+                 sd3_pipeline: Any = None):
+        """``unet`` is the denoiser (a UNet, or the SD3 transformer with ``sd3_pipeline`` the
+        ``StableDiffusion3Pipeline`` that holds it and encodes the prompts)."""
         super().__init__()
         if isinstance(scheduler, FlowMatchEulerDiscreteScheduler):
             self.kind = "flow"
@@ -141,8 +152,12 @@ class DiffusionPolicy(Policy):
         else:
             raise ValueError(f"scheduler {type(scheduler).__name__} is not supported: use DDIMScheduler (DDPO) or "
                              f"FlowMatchEulerDiscreteScheduler (Flow-GRPO)")
-        if not isinstance(unet, (UNet2DModel, UNet2DConditionModel)):
-            raise ValueError(f"unet {type(unet).__name__}: expected UNet2DModel or UNet2DConditionModel")
+        if not isinstance(unet, (UNet2DModel, UNet2DConditionModel, SD3Transformer2DModel)):
+            raise ValueError(f"denoiser {type(unet).__name__}: expected UNet2DModel, UNet2DConditionModel or "
+                             f"SD3Transformer2DModel")
+        if isinstance(unet, SD3Transformer2DModel) and (sd3_pipeline is None or self.kind != "flow"):
+            raise ValueError("an SD3 transformer needs its StableDiffusion3Pipeline (prompt encoders) and a "
+                             "FlowMatchEulerDiscreteScheduler")
         if cfg.train_window and (len(cfg.train_window) != 2 or not 0 <= cfg.train_window[0] < cfg.train_window[1]
                                  <= cfg.num_steps):
             raise ValueError(f"policy.args.train_window must be (first, end) with 0 <= first < end <= num_steps "
@@ -154,7 +169,12 @@ class DiffusionPolicy(Policy):
         if vae is not None:
             vae.requires_grad_(False).eval()
         self.cfg, self.source = cfg, source
-        self.cross_attention = isinstance(unet, UNet2DConditionModel)
+        self.sd3 = sd3_pipeline
+        if sd3_pipeline is not None:  # registered, so .to(device) moves them; the pipeline shares the objects
+            self.text_encoder_2 = sd3_pipeline.text_encoder_2.requires_grad_(False).eval()
+            if sd3_pipeline.text_encoder_3 is not None:
+                self.text_encoder_3 = sd3_pipeline.text_encoder_3.requires_grad_(False).eval()
+        self.cross_attention = isinstance(unet, (UNet2DConditionModel, SD3Transformer2DModel))
         self.memory_format = torch.channels_last if cfg.channels_last else torch.contiguous_format
         self.unet.to(memory_format=self.memory_format)
         self.lora = False
@@ -173,6 +193,10 @@ class DiffusionPolicy(Policy):
             from mmrl.imagegen_pretrain import cached_pipeline
 
             folder = cached_pipeline(cfg.pretrain_config)
+        if is_sd3_folder(folder):
+            pipe = load_sd3_pipeline(folder)
+            return cls(pipe.transformer, pipe.scheduler, pipe.text_encoder, pipe.tokenizer, pipe.vae, cfg=cfg,
+                       source=folder, sd3_pipeline=pipe)
         unet, scheduler, text_encoder, tokenizer, vae = load_pipeline_components(folder)
         if cfg.scheduler == "ddim":
             scheduler = DDIMScheduler.from_config(scheduler.config)
@@ -223,6 +247,9 @@ class DiffusionPolicy(Policy):
             save_file(get_peft_model_state_dict(self.unet), out / LORA_FILE)
             (out / LORA_BASE_FILE).write_text(json.dumps({"base_pipeline": str(self.source)}))
             return
+        if self.sd3 is not None:
+            self.sd3.save_pretrained(out)
+            return
         save_pipeline(out, self.unet, self.scheduler, self.text_encoder, self.tokenizer, self.vae)
 
     def load_weights(self, path: str) -> None:
@@ -232,7 +259,7 @@ class DiffusionPolicy(Policy):
 
             set_peft_model_state_dict(self.unet, load_file(folder / LORA_FILE))
             return
-        loaded = type(self.unet).from_pretrained(folder / "unet")
+        loaded = type(self.unet).from_pretrained(folder / ("transformer" if self.sd3 is not None else "unet"))
         self.unet.load_state_dict(loaded.state_dict())
 
     # -- conditioning ----------------------------------------------------------------------------
@@ -242,7 +269,13 @@ class DiffusionPolicy(Policy):
 
     @torch.no_grad()
     def encode_prompts(self, prompts: Sequence[str]) -> Tensor:
-        """Prompt embeddings: the pooled text embedding [B, E] (pixel UNet) or per token [B, L, E]."""
+        """Prompt embeddings: the pooled text embedding [B, E] (pixel UNet), per token [B, L, E]
+        (cross-attention UNet), or for SD3 the per-token and pooled ones flattened, [B, L·E + P]."""
+        if self.sd3 is not None:
+            embeds, _, pooled, _ = self.sd3.encode_prompt(list(prompts), list(prompts), list(prompts),
+                                                          device=self.device, do_classifier_free_guidance=False,
+                                                          max_sequence_length=self.cfg.max_sequence_length)
+            return torch.cat([embeds.flatten(1), pooled], 1)
         tok = self.tokenizer
         unk = tok.unk_token_id
         enc = tok(list(prompts), padding="max_length", max_length=tok.model_max_length, truncation=True,
@@ -269,6 +302,11 @@ class DiffusionPolicy(Policy):
 
     def _unet(self, x: Tensor, t: Tensor, cond: Tensor) -> Tensor:
         x = x.contiguous(memory_format=self.memory_format)
+        if self.sd3 is not None:
+            config = self.unet.config
+            tokens, pooled = cond[:, :-config.pooled_projection_dim], cond[:, -config.pooled_projection_dim:]
+            return self.unet(hidden_states=x, timestep=t, encoder_hidden_states=tokens.unflatten(
+                1, (-1, config.joint_attention_dim)), pooled_projections=pooled).sample
         if self.cross_attention:
             return self.unet(x, t, encoder_hidden_states=cond).sample
         return self.unet(x, t, class_labels=cond).sample
@@ -368,8 +406,9 @@ class DiffusionPolicy(Policy):
     def decode(self, x: Tensor) -> list[np.ndarray]:
         """Final latents [N, *D] → uint8 images [H, W, 3]; a non-finite sample stays a float array
         (the task's reward gives it 0 with a reason)."""
-        if self.vae is not None:
-            x = self.vae.decode(x / self.vae.config.scaling_factor).sample
+        if self.vae is not None:  # SD3's VAE also shifts its latents
+            shift = getattr(self.vae.config, "shift_factor", None) or 0.0
+            x = self.vae.decode(x / self.vae.config.scaling_factor + shift).sample
         images = ((x.float().clamp(-1, 1) + 1) * 127.5).permute(0, 2, 3, 1).cpu()
         finite = torch.isfinite(x.flatten(1)).all(1).tolist()
         return [img.round().to(torch.uint8).numpy() if ok else x[i].permute(1, 2, 0).float().cpu().numpy()
@@ -428,6 +467,25 @@ def _component_class(library: str, name: str) -> type:
     if library not in ("diffusers", "transformers"):
         raise ValueError(f"component library {library!r} is not supported (diffusers or transformers)")
     return getattr(importlib.import_module(library), name)
+
+
+def is_sd3_folder(folder: Path) -> bool:
+    index_file = folder / "model_index.json"
+    return index_file.is_file() and "transformer" in json.loads(index_file.read_text())
+
+
+def load_sd3_pipeline(folder: Path) -> Any:
+    """A local Stable Diffusion 3 / 3.5 folder as diffusers' ``StableDiffusion3Pipeline`` (its
+    components, prompt encoding and config, loaded unchanged; the T5 encoder may be absent)."""
+    from diffusers import StableDiffusion3Pipeline
+
+    index = json.loads((folder / "model_index.json").read_text())
+    missing = [c for c in SD3_REQUIRED_COMPONENTS
+               if not (isinstance(index.get(c), list) and index[c][0] and (folder / c).is_dir())]
+    if missing:
+        raise FileNotFoundError(f"SD3 pipeline folder {folder} lacks the components {missing} (model_index.json "
+                                f"entries and sub-folders {list(SD3_REQUIRED_COMPONENTS)} are required)")
+    return StableDiffusion3Pipeline.from_pretrained(folder)
 
 
 def load_pipeline_components(folder: Path) -> tuple[Any, Any, Any, Any, AutoencoderKL | None]:

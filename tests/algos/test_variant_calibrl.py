@@ -156,8 +156,8 @@ def test_trainer_keeps_expert_rows_out_of_the_group_and_feeds_their_old_log_prob
     assert_close(term_rows.expert_mask, expert.mask[index], rtol=0, atol=0)
     with torch.no_grad():  # π_old of the expert: the policy's own log-prob of it before the update
         assert_close(trainer.policy(expert).logp * expert.mask, expert.logp)
-    adv, returns, ref_logp = trainer.advantages(batch)
-    metrics = trainer.update(batch.rollout, adv, returns, ref_logp, term_rows)
+    adv, returns, reference = trainer.advantages(batch)
+    metrics = trainer.update(batch.rollout, adv, returns, reference, term_rows)
     assert math.isfinite(metrics["loss/calibrl"]) and metrics["loss/calibrl"] != 0.0
     assert math.isfinite(metrics["loss/total"]) and 0 <= metrics["policy/calibrl_pass_rate"] <= 1
     assert trainer.skipped_updates == 0

@@ -66,8 +66,8 @@ def main() -> None:
 
     # As in Trainer.train for step 1.
     trainer.step = 1
-    advantages, returns, ref_logp = trainer.advantages(batch)
-    metrics = trainer.update(batch.rollout, advantages, returns, ref_logp)
+    advantages, returns, reference = trainer.advantages(batch)
+    metrics = trainer.update(batch.rollout, advantages, returns, reference)
 
     params = {k: v.detach().cpu().clone() for k, v in trainer.policy.state_dict().items()}
     flat = torch.cat([v.double().flatten() for v in params.values()]).to(eng.device)

@@ -246,6 +246,24 @@ def test_flow_grpo_recipe_runs_with_the_kl_on_the_mean(pipelines, tmp_path):
     assert all(r["train/skipped_updates"] == 0 for r in steps)
 
 
+def test_flow_grpo_runs_the_reference_once_per_step(pipelines, tmp_path):
+    """The frozen reference scores each rollout once (in micro-batches), not again in every PPO
+    epoch: its means are kept and sliced per micro-batch for the KL on the mean."""
+    from mmrl.trainer import Trainer
+
+    overrides = [*QUIET, "policy.args.pretrain_config=null", f"policy.args.pretrained={pipelines['flow']}",
+                 "task.args.reward_weights={brightness: 1.0}", "policy.args.num_steps=3",
+                 "policy.args.train_window=[0, 2]", "policy.args.eval_num_steps=3", "rollout.prompts_per_step=2",
+                 "rollout.group_size=4", "trainer.steps=2", "trainer.ppo_epochs=2", "trainer.minibatches=2",
+                 "trainer.micro_batch_size=2", "eval.num_examples=4", "eval.every=0", "checkpoint.every=0"]
+    trainer = Trainer(load_config("flow_grpo/tiny_cpu", overrides), tmp_path / "run")
+    calls = []
+    forward = trainer.ref.forward
+    trainer.ref.forward = lambda rows, *a, **k: calls.append(rows.num_rows) or forward(rows, *a, **k)
+    trainer.train()
+    assert calls == [2, 2, 2, 2] * 2  # 8 rows per step in micro-batches of 2, for 2 steps; none in the epochs
+
+
 def test_diffusion_run_resumes_exactly(pipelines, tmp_path):
     """Stop after step 1, resume to step 2: the same metrics as an uninterrupted 2-step run."""
     import dataclasses as dc
@@ -308,6 +326,104 @@ def test_latent_cross_attention_pipeline_takes_the_same_path(tmp_path):
     assert rollout.payload.latents.shape == (4, 4, 4, 8, 8) and rollout.outputs[0].shape == (16, 16, 3)
     torch.testing.assert_close(policy(rollout).logp, rollout.logp, atol=2e-5, rtol=0)
     assert all("lora" in n for n, p in policy.named_parameters() if p.requires_grad)
+
+
+def tiny_sd3_pipeline(folder):
+    """A Stable-Diffusion-3-shaped folder at toy size, written by diffusers' own
+    ``StableDiffusion3Pipeline.save_pretrained``: an SD3 transformer, two CLIP encoders with
+    projections, a T5 encoder, a VAE with a shift factor and the flow-matching scheduler."""
+    from diffusers import (AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel,
+                           StableDiffusion3Pipeline)
+    from transformers import CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel
+
+    from mmrl.imagegen_pretrain import word_tokenizer
+    from mmrl.tasks.imagegen import prompt_vocabulary
+
+    torch.manual_seed(0)
+    tok = word_tokenizer(prompt_vocabulary())
+
+    def clip():
+        return CLIPTextModelWithProjection(CLIPTextConfig(
+            vocab_size=len(tok), hidden_size=16, intermediate_size=32, projection_dim=16, num_hidden_layers=1,
+            num_attention_heads=2, max_position_embeddings=8, pad_token_id=0, eos_token_id=1, bos_token_id=1))
+
+    transformer = SD3Transformer2DModel(sample_size=8, patch_size=2, in_channels=4, num_layers=1,
+                                        attention_head_dim=8, num_attention_heads=2, joint_attention_dim=32,
+                                        caption_projection_dim=16, pooled_projection_dim=32, out_channels=4,
+                                        pos_embed_max_size=8)
+    vae = AutoencoderKL(in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(8, 16),
+                        down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
+                        norm_num_groups=8, sample_size=16, shift_factor=0.1, scaling_factor=1.5)
+    t5 = T5EncoderModel(T5Config(vocab_size=len(tok), d_model=32, d_kv=8, d_ff=32, num_layers=1, num_heads=2))
+    StableDiffusion3Pipeline(transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0), vae=vae,
+                             text_encoder=clip(), tokenizer=tok, text_encoder_2=clip(), tokenizer_2=tok,
+                             text_encoder_3=t5, tokenizer_3=tok).save_pretrained(folder)
+    return folder
+
+
+def test_sd3_folder_takes_the_same_path(tmp_path):
+    """An SD3 folder loads unchanged: prompts encoded by diffusers' StableDiffusion3Pipeline, LoRA on
+    the transformer, re-scoring equal to sampling on-policy, adapters saved and reloaded, and one
+    Flow-GRPO step through the shared trainer with the reference as the adapters-off base."""
+    from mmrl.logging import read_metrics
+    from mmrl.trainer import train
+
+    folder = tiny_sd3_pipeline(tmp_path / "sd3")
+    cfg = DiffusionConfig(pretrained=str(folder), num_steps=3, eval_num_steps=3, lora_rank=2, max_sequence_length=8)
+    policy = DiffusionPolicy.from_config(cfg)
+    rollout = policy.rollout(prompts(2), 2, SamplingParams(), seed=0)
+    # per row: (8 CLIP + 8 T5 tokens) x 32 + 32 pooled; latents [rows, steps + 1, 4, 8, 8]; 16 px images
+    assert rollout.payload.cond.shape == (4, 16 * 32 + 32) and rollout.payload.latents.shape == (4, 4, 4, 8, 8)
+    assert rollout.outputs[0].shape == (16, 16, 3)
+    torch.testing.assert_close(policy(rollout).logp, rollout.logp, atol=2e-5, rtol=0)
+    assert all("lora" in n for n, p in policy.named_parameters() if p.requires_grad)
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.add_(0.05)
+    policy.save_pretrained(str(tmp_path / "adapters"))
+    again = DiffusionPolicy.from_config(cfg)
+    again.load_weights(str(tmp_path / "adapters"))
+    torch.testing.assert_close(again(rollout).logp, policy(rollout).logp)
+
+    (folder / "text_encoder_2").rename(folder / "moved")
+    with pytest.raises(FileNotFoundError, match="text_encoder_2"):
+        DiffusionPolicy.from_config(cfg)
+    (folder / "moved").rename(folder / "text_encoder_2")
+
+    overrides = [*QUIET, "policy.args.pretrain_config=null", f"policy.args.pretrained={folder}",
+                 "policy.args.lora_rank=2", "policy.args.max_sequence_length=8", "policy.args.num_steps=3",
+                 "policy.args.train_window=[0, 2]", "policy.args.eval_num_steps=3",
+                 "task.args.reward_weights={brightness: 1.0}", "rollout.prompts_per_step=2", "rollout.group_size=2",
+                 "trainer.steps=1", "trainer.lr=1e-2", "trainer.ref_model=adapter_disabled", "eval.num_examples=2",
+                 "checkpoint.every=0"]
+    rows = read_metrics(train(load_config("flow_grpo/tiny_cpu", overrides), tmp_path / "run"))
+    assert rows[-1]["step"] == 1 and rows[-1]["train/skipped_updates"] == 0 and rows[-1]["policy/kl_ref"] >= 0
+
+
+@pytest.mark.parametrize("recipe", ["ddpo/sd15_lora_gpu", "flow_grpo/sd3_5_medium_lora_gpu"])
+def test_gpu_recipes_validate(recipe):
+    """The GPU recipes cannot run here (no GPU, no checkpoints) but must be valid configs: a local
+    folder, LoRA with the matching reference, the paper's sampler settings."""
+    cfg = load_config(recipe)
+    args = cfg.policy.args
+    assert args.pretrained.startswith("/models/") and args.lora_rank > 0 and cfg.trainer.mixed_precision == "bf16"
+    assert (cfg.algo.kl_coef > 0) == (cfg.trainer.ref_model == "adapter_disabled")
+    assert cfg.task.args.size == 512 and args.num_steps <= args.eval_num_steps
+
+
+@pytest.mark.gpu
+def test_local_sd3_folder_on_gpu():
+    """A real local SD3 / SD3.5 folder (set MMRL_SD3_PIPELINE): LoRA, ratio 1 on-policy (fp32)."""
+    import os
+
+    if not torch.cuda.is_available() or "MMRL_SD3_PIPELINE" not in os.environ:
+        pytest.skip("needs a CUDA device and MMRL_SD3_PIPELINE=<local Stable Diffusion 3 pipeline folder>")
+    cfg = DiffusionConfig(pretrained=os.environ["MMRL_SD3_PIPELINE"], num_steps=4, lora_rank=4, guidance_scale=4.5,
+                          max_sequence_length=128)
+    policy = DiffusionPolicy.from_config(cfg).cuda()
+    rollout = policy.rollout(prompts(1), 2, SamplingParams(), seed=0)
+    torch.testing.assert_close(policy(rollout).logp.cpu(), rollout.logp, atol=1e-3, rtol=0)
 
 
 @pytest.mark.gpu
