@@ -21,6 +21,8 @@ ratio; and the peak memory of the update: bytes autograd saves for backward (CPU
 graph spans all timesteps of a micro-batch (bounded by ``trainer.micro_batch_size``).
 
     python bench/bench_diffusion.py [--repeats 5] [--prompts 8] [--group 4] [--steps 10]
+    # on a GPU node, a local Stable Diffusion folder (LoRA on both sides, 512 px):
+    python bench/bench_diffusion.py --pipeline /models/stable-diffusion-v1-5 --device cuda --steps 50 --lora-rank 4
 """
 
 from __future__ import annotations
@@ -81,6 +83,13 @@ def ddim_step_with_logprob(self, model_output, timestep, sample, eta, prev_sampl
     return log_prob.mean(dim=tuple(range(1, log_prob.ndim)))
 
 
+def unet_call(unet: torch.nn.Module, x: torch.Tensor, t: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
+    """The UNet as the pipeline calls it: cross-attention on per-token embeddings, or class labels."""
+    if embeds.ndim == 3:
+        return unet(x, t, encoder_hidden_states=embeds).sample
+    return unet(x, t, class_labels=embeds).sample
+
+
 def reference_step(unet: torch.nn.Module, policy: DiffusionPolicy, prompts: list[str], advantages: torch.Tensor,
                    optimizer, steps: int, seed: int, train_batch: int) -> None:
     sched, g = policy.scheduler, policy.cfg.guidance_scale
@@ -89,14 +98,15 @@ def reference_step(unet: torch.nn.Module, policy: DiffusionPolicy, prompts: list
     embeds = torch.cat([uncond.expand_as(cond), cond])
     sched.set_timesteps(steps)
     gen = torch.Generator().manual_seed(seed)
-    x = torch.randn((n, *policy.latent_shape()), generator=gen)
+    device = policy.device
+    x = torch.randn((n, *policy.latent_shape()), generator=gen).to(device)
     latents, logps, timesteps = [x], [], []
     with torch.no_grad():  # pipeline_with_logprob
         for t in sched.timesteps:
-            out = unet(torch.cat([x, x]), t, class_labels=embeds).sample
+            out = unet_call(unet, torch.cat([x, x]), t.to(device), embeds)
             u, c = out.chunk(2)
             eps = u + g * (c - u)
-            z = torch.randn(x.shape, generator=gen)
+            z = torch.randn(x.shape, generator=gen).to(device)
             x_prev = sched.step(eps, t, x, eta=1.0, variance_noise=z).prev_sample
             logps.append(ddim_step_with_logprob(sched, eps, t.expand(n), x, 1.0, x_prev))
             latents.append(x_prev)
@@ -108,14 +118,14 @@ def reference_step(unet: torch.nn.Module, policy: DiffusionPolicy, prompts: list
         emb = torch.cat([embeds[:n][rows], embeds[n:][rows]])
         for j, t in enumerate(timesteps):
             x_j = latents[j][rows]
-            out = unet(torch.cat([x_j, x_j]), t, class_labels=emb).sample
+            out = unet_call(unet, torch.cat([x_j, x_j]), t.to(device), emb)
             u, c = out.chunk(2)
             logp = ddim_step_with_logprob(sched, u + g * (c - u), t.expand(len(rows)), x_j, 1.0, latents[j + 1][rows])
             ratio = torch.exp(logp - old[rows, j])
-            adv = advantages[rows]
+            adv = advantages[rows].to(device)
             loss = torch.mean(torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - CLIP, 1 + CLIP)))
             (loss * len(rows) / n / len(timesteps)).backward()
-    torch.nn.utils.clip_grad_norm_(unet.parameters(), 1.0)
+    torch.nn.utils.clip_grad_norm_([p for p in unet.parameters() if p.requires_grad], 1.0)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 
@@ -130,10 +140,11 @@ def mmrl_step(policy: DiffusionPolicy, examples: list, group: int, advantages: t
     for idx in torch.arange(rollout.num_rows).split(micro_batch):
         rows = rollout.select(idx)
         out = policy(rows)
-        adv = advantages[idx, None] * rows.mask
-        loss_tok, _ = POLICY_LOSSES.get("ppo_clip")(out.logp, rows.logp, adv, rows.mask, cfg)
-        aggregate(loss_tok, rows.mask, "token-mean", num_tokens=num_tokens).backward()
-    torch.nn.utils.clip_grad_norm_(policy.unet.parameters(), 1.0)
+        adv = (advantages[idx, None] * rows.mask).to(out.logp.device)
+        mask = rows.mask.to(adv.device)
+        loss_tok, _ = POLICY_LOSSES.get("ppo_clip")(out.logp, rows.logp.to(adv.device), adv, mask, cfg)
+        aggregate(loss_tok, mask, "token-mean", num_tokens=num_tokens).backward()
+    torch.nn.utils.clip_grad_norm_([p for p in policy.unet.parameters() if p.requires_grad], 1.0)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 
@@ -168,22 +179,30 @@ def main() -> None:
     parser.add_argument("--ref-train-batch", type=int, default=None,
                         help="samples per backward chunk on the reference side (ddpo-pytorch's train.batch_size; "
                              "default: the same as --micro-batch, so both sides hold the same rows per chunk)")
+    parser.add_argument("--pipeline", default=None,
+                        help="a local diffusers pipeline folder (e.g. Stable Diffusion v1.5; DDIM from its config) "
+                             "instead of the tiny pretrained pixel UNet")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--lora-rank", type=int, default=0, help="> 0: LoRA adapters on both sides")
     parser.add_argument("--contiguous", action="store_true",
                         help="mmrl side without channels-last (isolates the batched re-scoring's gain)")
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    if args.device == "cpu":
+        torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
-        folder = pretrain("assets/imagegen/ddim_tiny.json", f"{tmp}/ddim", progress=False, steps=2)
-        policy = DiffusionPolicy.from_config(DiffusionConfig(pretrained=str(folder), num_steps=args.steps,
-                                                             guidance_scale=3.0, eta=1.0,
-                                                             channels_last=not args.contiguous))
+        folder = args.pipeline or pretrain("assets/imagegen/ddim_tiny.json", f"{tmp}/ddim", progress=False, steps=2)
+        policy = DiffusionPolicy.from_config(DiffusionConfig(
+            pretrained=str(folder), scheduler="ddim" if args.pipeline else "folder", num_steps=args.steps,
+            guidance_scale=3.0, eta=1.0, lora_rank=args.lora_rank, channels_last=not args.contiguous)).to(args.device)
     examples = make_task("imagegen/shapes-v0").sample_batch("train", args.prompts, np.random.default_rng(0))
     prompts = [ex.prompt for ex in examples for _ in range(args.group)]
     advantages = torch.randn(len(prompts), generator=torch.Generator().manual_seed(0)).clamp(-5, 5)
-    optimizer = torch.optim.AdamW(policy.unet.parameters(), lr=1e-6)
+    optimizer = torch.optim.AdamW([p for p in policy.unet.parameters() if p.requires_grad], lr=1e-6)
     # The same weights, in PyTorch's default memory format, as the reference code runs them.
     ref_unet = copy.deepcopy(policy.unet).to(memory_format=torch.contiguous_format)
-    ref_optimizer = torch.optim.AdamW(ref_unet.parameters(), lr=1e-6)
+    ref_optimizer = torch.optim.AdamW([p for p in ref_unet.parameters() if p.requires_grad], lr=1e-6)
+    cuda = args.device.startswith("cuda")
+    gpu_memory: dict[str, int] = {}
     ref_batch = args.ref_train_batch or args.micro_batch
     sides = {"reference": lambda s: reference_step(ref_unet, policy, prompts, advantages, ref_optimizer, args.steps, s,
                                                    ref_batch),
@@ -192,19 +211,30 @@ def main() -> None:
     memory: dict[str, list[int]] = {k: [] for k in sides}
     for repeat in range(args.repeats + 1):  # the first round warms up
         for name in (("reference", "mmrl") if repeat % 2 else ("mmrl", "reference")):
+            if cuda:
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
             start = time.perf_counter()
             with saved_bytes(memory[name]):
                 sides[name](repeat)
+            if cuda:
+                torch.cuda.synchronize()
+                gpu_memory[name] = max(gpu_memory.get(name, 0), torch.cuda.max_memory_allocated())
             if repeat:
                 times[name].append(time.perf_counter() - start)
     ref, ours = statistics.median(times["reference"]), statistics.median(times["mmrl"])
-    print(f"DDPO RL step, {len(prompts)} images x {args.steps} DDIM steps, CFG, 16 px, "
-          f"{sum(p.numel() for p in policy.unet.parameters()) / 1e6:.2f} M-param UNet, "
+    side = policy.latent_shape()[-1] * (2 ** (len(policy.vae.config.block_out_channels) - 1) if policy.vae else 1)
+    print(f"DDPO RL step on {args.device}, {len(prompts)} images x {args.steps} DDIM steps, CFG, {side} px, "
+          f"{sum(p.numel() for p in policy.unet.parameters()) / 1e6:.2f} M-param UNet"
+          f"{f' (LoRA r{args.lora_rank})' if args.lora_rank else ''}, "
           f"{args.repeats} interleaved repeats")
     print(f"  reference (scheduler.step + per-timestep re-scoring, {ref_batch} rows per call): {ref:.3f} s  "
           f"peak saved for backward {max(memory['reference']) / 2**20:.1f} MiB")
     print(f"  mmrl (batched re-scoring, {args.micro_batch:>3} rows per call):      {ours:.3f} s  "
           f"peak saved for backward {max(memory['mmrl']) / 2**20:.1f} MiB")
+    if cuda:
+        print(f"  peak GPU memory: reference {gpu_memory['reference'] / 2**30:.2f} GiB, "
+              f"mmrl {gpu_memory['mmrl'] / 2**30:.2f} GiB")
     print(f"  speed-up: {ref / ours:.2f}x")
 
 
