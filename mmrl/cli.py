@@ -61,6 +61,11 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--json", help="also write the metrics to this JSON file")
 
     sub.add_parser("doctor", help="MuJoCo rendering diagnostics: MUJOCO_GL, working backends, frames/s")
+    world_model = sub.add_parser("train-world-model", help="collect MuJoCo episodes, train an action-conditioned "
+                                 "world model (VLA-RFT's simulator), measure it against the real sim")
+    world_model.add_argument("recipe", help="world-model recipe, e.g. configs/world_model/reach_tiny.yaml")
+    world_model.add_argument("--out", required=True, help="folder for the model, its accuracy table and videos")
+    world_model.add_argument("--overwrite", action="store_true", help="replace an existing world-model folder")
 
     plot = sub.add_parser("plot", help="write OUT/curves.png from OUT/metrics.jsonl")
     plot.add_argument("run", help="a run folder (the --out of mmrl train)")
@@ -208,6 +213,10 @@ def main(argv: list[str] | None = None) -> int:
             print(run_eval(args))
         elif args.command == "list":
             print(list_components())
+        elif args.command == "train-world-model":
+            from mmrl.envs.world_model.training import run_train_world_model
+
+            print(run_train_world_model(args))
         elif args.command == "doctor":
             from mmrl.envs.robot.doctor import diagnose
 

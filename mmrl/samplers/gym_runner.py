@@ -79,7 +79,12 @@ class GymRunner:
                 return lambda: gymnasium.make(spec, disable_env_checker=True, **kwargs)
 
             fns = [make(env_id) for env_id in env_ids]
-            if self.vector_mode == "sync":
+            first = gymnasium.spec(env_ids[0])
+            if len(set(env_ids)) == 1 and first.vector_entry_point is not None:
+                # a natively batched env (e.g. mmrl/WM-*: one world-model call steps every episode)
+                self._pool[env_ids] = gymnasium.make_vec(first, num_envs=len(env_ids),
+                                                         vectorization_mode="vector_entry_point", **kwargs)
+            elif self.vector_mode == "sync":
                 self._pool[env_ids] = SyncVectorEnv(fns, autoreset_mode=AutoresetMode.NEXT_STEP)
             else:  # spawn, not fork: a forked child inherits this process's OpenGL state and crashes
                 self._pool[env_ids] = AsyncVectorEnv(fns, autoreset_mode=AutoresetMode.NEXT_STEP, context="spawn",

@@ -3,8 +3,11 @@
 from mmrl.registry import register_task
 from mmrl.tasks.robot.tabletop import (Demonstration, EpisodeExample, RobotTask, RobotTaskConfig, episode_reward,
                                        make_task_factory)
+from mmrl.tasks.robot.world_model_rft import WorldModelRFTTask, WorldModelTaskConfig, make_wm_task_factory
 
 for _name in ("reach", "push", "pick_place"):
     register_task(f"robot/{_name}-v0", make_task_factory(_name), RobotTaskConfig)
+register_task("robot/wm_reach-v0", make_wm_task_factory("reach"), WorldModelTaskConfig)  # VLA-RFT (world model)
 
-__all__ = ["Demonstration", "EpisodeExample", "RobotTask", "RobotTaskConfig", "episode_reward"]
+__all__ = ["Demonstration", "EpisodeExample", "RobotTask", "RobotTaskConfig", "WorldModelRFTTask", "WorldModelTaskConfig",
+           "episode_reward"]

@@ -1,0 +1,96 @@
+"""robot/wm_reach-v0: train split in the world model, eval splits in the real simulator, rewards, rollouts."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import mmrl.envs  # noqa: F401
+import mmrl.tasks  # noqa: F401
+from mmrl.envs.world_model import WorldModelVectorEnv
+from mmrl.envs.world_model.data import collect
+from mmrl.envs.world_model.model import POOL_FILE, LatentWorldModel, WorldModelConfig
+from mmrl.envs.world_model.training import reference_pool
+from mmrl.policies.vla import VLAConfig, VLAPolicy
+from mmrl.registry import make_task
+from mmrl.rollout import SamplingParams
+from mmrl.samplers.gym_runner import EpisodeSummary
+from mmrl.tasks.robot import EpisodeExample, RobotTask, RobotTaskConfig
+
+TINY = WorldModelConfig(task="reach", image_size=32, action_dims=2, latent=16, channels=8, hidden=32, max_steps=6)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    out = tmp_path_factory.mktemp("wm_task")
+    torch.manual_seed(0)
+    LatentWorldModel(TINY).save(out)
+    data = collect("reach", 32, 710_000 + np.arange(3), ["expert"] * 3, 6, (0.5,), rng_seed=0)
+    np.savez_compressed(out / POOL_FILE, **reference_pool(data))
+    (out / "train_log.json").write_text(json.dumps({"real_env_steps": data.real_steps}))
+    return out
+
+
+@pytest.fixture(scope="module")
+def task(checkpoint):
+    return make_task("robot/wm_reach-v0", {"image_size": 32, "world_model": str(checkpoint)})
+
+
+def test_train_split_is_the_world_model_and_eval_splits_are_real(task):
+    train = task.sample_batch("train", 4, np.random.default_rng(0))
+    assert all(ex.env_id.startswith("mmrl/WM-Reach-") and ex.env_id.endswith("-v0") for ex in train)
+    assert train[0].env_id != "mmrl/WM-Reach-v0"  # a custom checkpoint gets its own registered id
+    assert [ex.seed for ex in train] == [ex.seed for ex in task.sample_batch("train", 4, np.random.default_rng(0))]
+    assert {ex.env_id for ex in task.sample_batch("test", 3, np.random.default_rng(0))} == {"mmrl/Reach-v0"}
+    assert {ex.env_id for ex in task.sample_batch("ood_color", 3, np.random.default_rng(0))} == {"mmrl/Reach-OODColor-v0"}
+    with pytest.raises(ValueError, match="unknown split"):
+        task.sample_batch("imagined", 1, np.random.default_rng(0))
+
+
+def test_world_model_rewards_are_total(task):
+    ex = task.sample_batch("train", 1, np.random.default_rng(0))[0]
+    good = task.reward(ex, EpisodeSummary(ex.env_id, ex.seed, False, -0.25, 6))
+    assert good.score == -0.25 and good.components == {"success": 0.0, "return": -0.25}
+    for output, reason in ((None, "not an episode summary"),
+                           (EpisodeSummary(ex.env_id, ex.seed + 1, False, -0.1, 6), "scored for"),
+                           (EpisodeSummary(ex.env_id, ex.seed, False, math.nan, 6), "non-finite")):
+        result = task.reward(ex, output)
+        assert result.score == -3.0 and reason in result.info
+    assert task.reward(ex, EpisodeSummary(ex.env_id, ex.seed, False, -9.0, 6)).score == -3.0  # clipped to the range
+    real = EpisodeExample("mmrl/Reach-v0", 1_000_003)
+    assert task.reward(real, EpisodeSummary("mmrl/Reach-v0", 1_000_003, True, 1.4, 9)).components["success"] == 1.0
+
+
+def test_metrics_report_real_steps_and_reference_is_a_real_demonstration(task, checkpoint):
+    ex = task.sample_batch("train", 1, np.random.default_rng(1))[0]
+    results = [task.reward(ex, EpisodeSummary(ex.env_id, ex.seed, False, -0.2, 6))]
+    metrics = task.metrics([ex], [EpisodeSummary(ex.env_id, ex.seed, False, -0.2, 6)], results)
+    assert metrics["real_env_steps_rl"] == 18.0 and metrics["success_rate"] == 0.0
+    demo = task.reference_output(ex)
+    expected = RobotTask("reach", RobotTaskConfig(image_size=32)).demonstrate(EpisodeExample("mmrl/Reach-v0", ex.seed))
+    np.testing.assert_array_equal(demo.images, expected.images)
+    np.testing.assert_allclose(demo.actions, expected.actions)
+
+
+def test_checkpoint_that_does_not_fit_the_task_is_refused(checkpoint):
+    with pytest.raises(ValueError, match="image_size=32.*image_size=64"):
+        make_task("robot/wm_reach-v0", {"image_size": 64, "world_model": str(checkpoint)})
+
+
+def test_vla_rolls_out_groups_in_the_batched_world_model_env(task):
+    policy = VLAPolicy.from_config(VLAConfig(action_head="gaussian", image_size=32, value_head=False,
+                                             max_decisions=10, num_envs=8))
+    examples = task.sample_batch("train", 2, np.random.default_rng(3))
+    rollout = policy.rollout(examples, 4, SamplingParams(temperature=1.0), seed=0)
+    assert any(isinstance(env, WorldModelVectorEnv) for env in policy.runner._pool.values())
+    assert rollout.mask.shape == (8, 6) and rollout.mask.sum() == 48  # the world model's 6-step horizon
+    images = rollout.payload.images
+    for row in range(8):  # each group starts from one real first frame
+        np.testing.assert_array_equal(images[row, 0].numpy(), images[4 * (row // 4), 0].numpy())
+    rewards = rollout.step_rewards.sum(1)
+    assert (rewards <= 0).all() and (rollout.step_rewards[:, :5] == 0).all()
+    assert all(not s.success for s in rollout.outputs)
