@@ -88,20 +88,44 @@ def _hit_cylinder(o, d, prim: Primitive) -> np.ndarray:
     return np.minimum(side, cap)
 
 
+@dataclass(frozen=True)
+class Backdrop:
+    """A vertical wall facing the camera at world depth ``z``, from the ground up to ``height``."""
+
+    z: float
+    height: float
+    colors: tuple[tuple[int, int, int], tuple[int, int, int]] = ((175, 165, 150), (145, 135, 125))
+    stripe: float = 1.0  # width of its vertical stripes, metres
+
+
 HITTERS = {"box": _hit_box, "sphere": _hit_sphere, "cylinder": _hit_cylinder}
 
 
 def render(camera: Camera, primitives: tuple[Primitive, ...], ground_colors=((200, 190, 170), (120, 110, 100)),
-           sky=(150, 190, 235), checker: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
-    """Z-buffer the ground and the primitives: (RGB uint8 [H, W, 3], depth float [H, W], NaN = sky).
+           sky=(150, 190, 235), checker: float = 1.0,
+           backdrop: Backdrop | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Z-buffer the ground, the backdrop wall and the primitives: (RGB uint8 [H, W, 3], depth float
+    [H, W], NaN = sky).
 
-    Shading is flat colour × a depth fog so that near and far surfaces differ (no lighting model).
+    With a ``backdrop`` the ground ends at the wall, so a scene's depth range is bounded (and its far
+    end is a large, nearly flat surface) rather than running to the horizon. Shading is flat colour
+    × a depth fog so that near and far surfaces differ (no lighting model).
     """
     o, d = camera.rays()
     t_best = _hit_plane(o, d)
     points = o + np.where(np.isfinite(t_best), t_best, 0.0)[..., None] * d
     cell = (np.floor(points[..., 0] / checker) + np.floor(points[..., 2] / checker)).astype(np.int64) % 2
     rgb = np.where(cell[..., None] == 0, np.array(ground_colors[0]), np.array(ground_colors[1])).astype(np.float64)
+    if backdrop is not None:
+        t_best = np.where(points[..., 2] <= backdrop.z, t_best, np.inf)  # no ground behind the wall
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t_wall = (backdrop.z - o[2]) / d[..., 2]
+        y_wall = o[1] + t_wall * d[..., 1]
+        wall = (d[..., 2] > 0) & (y_wall >= 0) & (y_wall <= backdrop.height) & (t_wall < t_best)
+        stripe = (np.floor((o[0] + t_wall * d[..., 0]) / backdrop.stripe).astype(np.int64) % 2)[..., None]
+        rgb = np.where(wall[..., None], np.where(stripe == 0, np.array(backdrop.colors[0]),
+                                                 np.array(backdrop.colors[1])), rgb)
+        t_best = np.where(wall, t_wall, t_best)
     for prim in primitives:
         t = HITTERS[prim.kind](o, d, prim)
         closer = t < t_best
@@ -114,8 +138,9 @@ def render(camera: Camera, primitives: tuple[Primitive, ...], ground_colors=((20
 
 
 def random_scene(rng: np.random.Generator, size: int, min_objects: int = 3,
-                 max_objects: int = 7) -> tuple[np.ndarray, np.ndarray]:
-    """A random scene: a camera of random height/pitch/fov and primitives spread in depth."""
+                 max_objects: int = 7, far: float = 18.0) -> tuple[np.ndarray, np.ndarray]:
+    """A random scene: a camera of random height/pitch/fov, primitives spread in depth (2.5–14 m) on
+    the ground, and a backdrop wall at world depth ``far``."""
     camera = Camera(size, fov_deg=float(rng.uniform(50, 70)), height=float(rng.uniform(1.2, 2.2)),
                     pitch_deg=float(rng.uniform(8, 20)))
     prims = []
@@ -131,4 +156,6 @@ def random_scene(rng: np.random.Generator, size: int, min_objects: int = 3,
             prims.append(Primitive(kind, (x, s, z), (s, s, s), color))
         else:
             prims.append(Primitive(kind, (x, 0.0, z), (s * 0.7, float(rng.uniform(0.6, 2.0)), s * 0.7), color))
-    return render(camera, tuple(prims), checker=float(rng.uniform(0.5, 1.5)))
+    wall = Backdrop(far, float(rng.uniform(3.0, 8.0)), tuple(tuple(int(c) for c in rng.integers(90, 220, size=3))
+                                                          for _ in range(2)), float(rng.uniform(0.5, 2.0)))
+    return render(camera, tuple(prims), checker=float(rng.uniform(0.5, 1.5)), backdrop=wall)
