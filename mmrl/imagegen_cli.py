@@ -8,7 +8,8 @@ import argparse
 
 
 def add_pretrain_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", help="pretraining config JSON: assets/imagegen/ddim_tiny.json or flow_tiny.json")
+    parser.add_argument("config", help="pretraining config JSON: assets/imagegen/ddim_tiny.json, flow_tiny.json "
+                                       "or var_tiny.json (next-scale VAR)")
     parser.add_argument("--out", required=True, help="folder for the diffusers pipeline")
     parser.add_argument("--steps", type=int, help="override the config's train.steps")
     parser.add_argument("--overwrite", action="store_true", help="replace a folder written by pretrain-imagegen")

@@ -190,6 +190,10 @@ def cached_pipeline(config: str | Path, progress: bool = True) -> Path:
 
 
 def run_pretrain(args) -> str:
+    if json.loads(resolve_asset(str(args.config)).read_text()).get("kind") == "var":  # next-scale VAR model
+        from mmrl.var_pretrain import run_pretrain_var
+
+        return run_pretrain_var(args)
     out = pretrain(args.config, args.out, progress=not args.no_progress, overwrite=args.overwrite, steps=args.steps)
     losses = json.loads((out / "pretrain.json").read_text())["losses"]
     tail = losses[-min(50, len(losses)):]

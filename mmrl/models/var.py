@@ -205,17 +205,23 @@ def guided_logits(model: NextScaleTransformer, vq: MultiScaleVQ, words: Tensor, 
 def sample_tokens(model: NextScaleTransformer, vq: MultiScaleVQ, words: Tensor, guidance: float,
                   temperature: float, top_k: int, gen: torch.Generator) -> tuple[Tensor, Tensor]:
     """(tokens [B, L], behaviour log-probs [B, L]) sampled scale by scale; all tokens of a scale are
-    drawn in parallel from the processed distribution of :func:`processed_log_probs`."""
+    drawn in parallel from the processed distribution of :func:`processed_log_probs`. ``temperature``
+    0 takes the most likely token of the CFG-combined logits (greedy; log-probs are then 0)."""
     b, spec = words.shape[0], model.spec
     tokens = words.new_zeros((b, 0))
     logps = []
     for s in spec.scales:
         end = tokens.shape[1] + s * s
         cond, uncond = guided_logits(model, vq, words, tokens, guidance)
-        lp = processed_log_probs(cond[:, -s * s:], None if uncond is None else uncond[:, -s * s:], guidance,
-                                 temperature, top_k)  # [B, s², V]
-        new = torch.multinomial(lp.exp().flatten(0, 1), 1, generator=gen).view(b, s * s)
-        logps.append(lp.gather(-1, new[..., None])[..., 0])
+        if temperature == 0:
+            new = processed_log_probs(cond[:, -s * s:], None if uncond is None else uncond[:, -s * s:], guidance,
+                                      1.0, 0).argmax(-1)
+            logps.append(torch.zeros(b, s * s))
+        else:
+            lp = processed_log_probs(cond[:, -s * s:], None if uncond is None else uncond[:, -s * s:], guidance,
+                                     temperature, top_k)  # [B, s², V]
+            new = torch.multinomial(lp.exp().flatten(0, 1), 1, generator=gen).view(b, s * s)
+            logps.append(lp.gather(-1, new[..., None])[..., 0])
         tokens = torch.cat([tokens, new], 1)
         assert tokens.shape[1] == end
     return tokens, torch.cat(logps, 1)

@@ -2,6 +2,7 @@
 
 from mmrl.policies.causal_lm import CausalLMConfig, CausalLMPolicy
 from mmrl.policies.diffusion import DiffusionConfig, DiffusionPolicy
+from mmrl.policies.var import VARConfig, VARPolicy
 from mmrl.policies.vla import VLAConfig, VLAPolicy
 from mmrl.policies.vlm import VLMConfig, VLMPolicy
 from mmrl.registry import register_policy
@@ -10,6 +11,7 @@ register_policy("causal_lm", CausalLMPolicy.from_config, CausalLMConfig)
 register_policy("diffusion", DiffusionPolicy.from_config, DiffusionConfig)
 register_policy("vlm", VLMPolicy.from_config, VLMConfig)
 register_policy("vla", VLAPolicy.from_config, VLAConfig)
+register_policy("var", VARPolicy.from_config, VARConfig)
 
-__all__ = ["CausalLMConfig", "CausalLMPolicy", "DiffusionConfig", "DiffusionPolicy", "VLAConfig", "VLAPolicy",
-           "VLMConfig", "VLMPolicy"]
+__all__ = ["CausalLMConfig", "CausalLMPolicy", "DiffusionConfig", "DiffusionPolicy", "VARConfig", "VARPolicy",
+           "VLAConfig", "VLAPolicy", "VLMConfig", "VLMPolicy"]

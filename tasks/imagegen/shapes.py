@@ -20,6 +20,10 @@ COLOURS = {"red": (220, 40, 40), "green": (40, 200, 60), "blue": (50, 80, 230), 
 SHAPES = ("circle", "square")
 POSITIONS = ("left", "right", "top", "bottom")
 BACKGROUND_LEVELS = (30, 70, 110, 150)  # grey levels: far from every palette colour in chroma
+OOD_COMBINATIONS = (("yellow", "square"), ("green", "circle"))
+"""Colour × shape pairs of the ``ood`` split: held out of VAR pretraining (``mmrl pretrain-imagegen
+assets/imagegen/var_tiny.json``) and, with ``exclude_ood``, of the task's train / test splits, so
+they are combinations a model has never seen (every word has been seen, in other pairs)."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,11 @@ def prompt_vocabulary() -> list[str]:
     """The words prompts are made of (a text encoder's vocabulary)."""
     words = list(COUNTS) + list(COLOURS) + [s for shape in SHAPES for s in (shape, shape + "s")] + list(POSITIONS)
     return words
+
+
+def is_ood(prompt: ShapePrompt) -> bool:
+    """True for the held-out colour × shape combinations of :data:`OOD_COMBINATIONS`."""
+    return (prompt.colour, prompt.shape) in OOD_COMBINATIONS
 
 
 def split_of(prompt: ShapePrompt, test_fraction: float) -> str:

@@ -22,9 +22,9 @@ import numpy as np
 
 from mmrl.contracts import RewardResult
 from mmrl.tasks.imagegen.rewards import CHECKS, as_image, correctness, jpeg_size_kb, prompt_checks
-from mmrl.tasks.imagegen.shapes import ShapePrompt, all_prompts, render, split_of
+from mmrl.tasks.imagegen.shapes import ShapePrompt, all_prompts, is_ood, render, split_of
 
-SPLITS = ("train", "test")
+SPLITS = ("train", "test", "ood")
 REWARDS = ("correctness", "correct", "jpeg_compressibility", "jpeg_incompressibility", "brightness")
 BOUNDED = {"correctness": (0.0, 1.0), "correct": (0.0, 1.0), "brightness": (0.0, 1.0)}
 
@@ -38,6 +38,9 @@ class ShapesConfig:
     reward_weights: dict = field(default_factory=lambda: {"correctness": 1.0})
     """Reward name → weight (names: correctness, correct, jpeg_compressibility, jpeg_incompressibility,
     brightness)."""
+    exclude_ood: bool = False
+    """Drop the ``ood`` split's prompts (``shapes.OOD_COMBINATIONS``, colour × shape pairs held out of
+    VAR pretraining) from train and test; the ``ood`` split always holds them."""
 
 
 class ShapesTask:
@@ -51,8 +54,9 @@ class ShapesTask:
             raise ValueError(f"size must be >= 8 pixels, got {cfg.size}")
         self.cfg = cfg
         self.id = "imagegen/shapes-v0"
-        self.prompts = {split: [p for p in all_prompts() if split_of(p, cfg.test_fraction) == split]
-                        for split in SPLITS}
+        self.prompts = {split: [p for p in all_prompts() if split_of(p, cfg.test_fraction) == split
+                                and not (cfg.exclude_ood and is_ood(p))] for split in ("train", "test")}
+        self.prompts["ood"] = [p for p in all_prompts() if is_ood(p)]
         for split, prompts in self.prompts.items():
             if not prompts:
                 raise ValueError(f"test_fraction {cfg.test_fraction} leaves the {split} split empty")

@@ -1,0 +1,139 @@
+"""The VAR policy: rollouts (shapes, masks, greedy), one-pass re-scoring equal to the sampling
+log-probs for every decision kind, save / load, config errors, registration and the recipe."""
+
+import numpy as np
+import pytest
+import torch
+
+from mmrl.config import load_config
+from mmrl.models.var import MultiScaleVQ, NextScaleTransformer, VARSpec
+from mmrl.policies.var import VARConfig, VARPayload, VARPolicy
+from mmrl.registry import POLICIES, make_task
+from mmrl.rollout import Rollout, SamplingParams
+from mmrl.tasks.imagegen.task import ShapesConfig, ShapesTask
+from mmrl.var_pretrain import prompt_word_ids, save_var
+
+
+def tiny_policy(**kwargs) -> VARPolicy:
+    torch.manual_seed(0)
+    spec = VARSpec(scales=(1, 2, 4, 8), image_size=16, codebook_size=32, code_dim=8, vq_channels=16, d_model=32,
+                   num_layers=2, num_heads=2, vocab_size=16)
+    return VARPolicy(MultiScaleVQ(spec), NextScaleTransformer(spec), VARConfig(**kwargs))
+
+
+def prompts(n=3):
+    return ShapesTask(ShapesConfig()).sample_batch("train", n, np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("decision, width", [("token", 85), ("scale_mean", 4), ("scale_sum", 4)])
+@pytest.mark.parametrize("guidance, top_k", [(1.0, 0), (2.0, 5)])
+def test_rescoring_equals_sampling_logp(decision, width, guidance, top_k):
+    policy = tiny_policy(decision=decision, guidance_scale=guidance, top_k=top_k)
+    rollout = policy.rollout(prompts(), 4, SamplingParams(temperature=0.8), seed=3)
+    assert rollout.logp.shape == rollout.mask.shape == (12, width)
+    assert bool((rollout.mask == 1).all())
+    assert torch.equal(rollout.group_id, torch.arange(3).repeat_interleave(4))
+    out = policy(rollout, with_entropy=True)
+    assert torch.allclose(out.logp, rollout.logp, atol=1e-4)  # GRPO ratio 1 on-policy
+    assert out.entropy.shape == (12, width) and bool((out.entropy >= -1e-5).all())
+    assert out.logp.requires_grad
+
+
+def test_scale_decisions_aggregate_token_logps():
+    tok = tiny_policy(decision="token")
+    rollout = tok.rollout(prompts(2), 2, SamplingParams(1.0), seed=0)
+    per_token = rollout.logp
+    sums = torch.stack([per_token[:, :1].sum(1), per_token[:, 1:5].sum(1), per_token[:, 5:21].sum(1),
+                        per_token[:, 21:].sum(1)], 1)
+    for decision, expected in (("scale_sum", sums), ("scale_mean", sums / torch.tensor([1., 4., 16., 64.]))):
+        other = tiny_policy(decision=decision)  # same seed: same weights
+        assert torch.allclose(other.rollout(prompts(2), 2, SamplingParams(1.0), seed=0).logp, expected, atol=1e-5)
+
+
+def test_train_scales_mask_and_zero_logp_outside():
+    policy = tiny_policy(train_scales=(0, 1))
+    rollout = policy.rollout(prompts(1), 2, SamplingParams(1.0), seed=0)
+    assert rollout.mask[0].tolist() == [1.0] * 5 + [0.0] * 80
+    assert bool((rollout.logp[:, 5:] == 0).all()) and bool((rollout.logp[:, :5] < 0).any())
+    scale = tiny_policy(decision="scale_mean", train_scales=(2,))
+    assert scale.rollout(prompts(1), 2, SamplingParams(1.0), seed=0).mask[0].tolist() == [0.0, 0.0, 1.0, 0.0]
+
+
+def test_rollout_is_seeded_and_images_are_uint8():
+    policy = tiny_policy()
+    a = policy.rollout(prompts(), 2, SamplingParams(1.0), seed=5)
+    b = policy.rollout(prompts(), 2, SamplingParams(1.0), seed=5)
+    c = policy.rollout(prompts(), 2, SamplingParams(1.0), seed=6)
+    assert torch.equal(a.payload.tokens, b.payload.tokens) and not torch.equal(a.payload.tokens, c.payload.tokens)
+    assert a.outputs[0].shape == (16, 16, 3) and a.outputs[0].dtype == np.uint8
+    task = ShapesTask(ShapesConfig())
+    assert 0.0 <= task.reward(prompts()[0], a.outputs[0]).score <= 1.0
+
+
+def test_greedy_rollout_has_no_decisions_and_is_deterministic():
+    policy = tiny_policy(guidance_scale=2.0)
+    a = policy.rollout(prompts(), 2, SamplingParams(0.0), seed=1)
+    b = policy.rollout(prompts(), 2, SamplingParams(0.0), seed=2)
+    assert float(a.mask.sum()) == 0.0 and torch.equal(a.payload.tokens, b.payload.tokens)
+
+
+def test_training_changes_logp_and_concat_keeps_settings():
+    policy = tiny_policy()
+    rollout = Rollout.concat([policy.rollout(prompts(2), 2, SamplingParams(1.0), seed=s) for s in (0, 1)])
+    assert rollout.num_rows == 8
+    opt = torch.optim.SGD([p for p in policy.parameters() if p.requires_grad], lr=0.5)
+    (-policy(rollout).logp.mean()).backward()
+    assert all(p.grad is None for p in policy.vq.parameters())  # the VQ is frozen
+    opt.step()
+    assert not torch.allclose(policy(rollout).logp, rollout.logp, atol=1e-3)
+    other = VARPayload(rollout.payload.tokens, rollout.payload.words, 3.0, 1.0, 0)
+    with pytest.raises(ValueError, match="cannot be concatenated"):
+        VARPayload.concat([rollout.payload, other])
+
+
+def test_save_and_load_round_trip(tmp_path):
+    policy = tiny_policy()
+    with torch.no_grad():
+        policy.model.head.bias.add_(1.0)
+    policy.save_pretrained(str(tmp_path / "p"))
+    loaded = VARPolicy.from_config(VARConfig(pretrained=str(tmp_path / "p")))
+    rollout = policy.rollout(prompts(), 2, SamplingParams(1.0), seed=0)
+    assert torch.allclose(loaded(rollout).logp, rollout.logp, atol=1e-5)
+    fresh = tiny_policy()
+    fresh.load_weights(str(tmp_path / "p"))
+    assert torch.allclose(fresh(rollout).logp, rollout.logp, atol=1e-5)
+    with pytest.raises(FileNotFoundError, match="not a VAR model folder"):
+        fresh.load_weights(str(tmp_path))
+
+
+def test_config_errors(tmp_path):
+    with pytest.raises(ValueError, match="exactly one of pretrained"):
+        VARPolicy.from_config(VARConfig())
+    with pytest.raises(FileNotFoundError, match="not a VAR model folder"):
+        VARPolicy.from_config(VARConfig(pretrained=str(tmp_path)))
+    with pytest.raises(ValueError, match="train_scales"):
+        tiny_policy(train_scales=(4,))
+    with pytest.raises(ValueError, match="top_p"):
+        tiny_policy().rollout(prompts(), 1, SamplingParams(1.0, top_p=0.9), seed=0)
+
+
+def test_prompt_word_ids():
+    ids = prompt_word_ids(["one red circle left", "", "two blue squares top"], 16)
+    assert ids.shape == (3, 4) and bool((ids[1] == 0).all()) and bool((ids[0] > 0).all())
+    with pytest.raises(ValueError, match="not in the VAR vocabulary"):
+        prompt_word_ids(["one purple circle"], 16)
+    with pytest.raises(ValueError, match="vocab_size"):
+        prompt_word_ids(["one red circle left"], 8)
+
+
+def test_registered_and_recipe_builds(tmp_path):
+    assert "var" in POLICIES.names()
+    cfg = load_config("var/tiny_cpu")
+    assert cfg.policy.name == "var" and cfg.eval.extra_splits == ("ood",)
+    task = make_task(cfg.task.name, cfg.task.args)
+    ood = {p.prompt for p in task.prompts["ood"]}
+    assert ood and not ood & {p.prompt for p in task.prompts["train"] + task.prompts["test"]}
+    folder = tmp_path / "m"
+    policy = tiny_policy()
+    save_var(folder, policy.vq, policy.model)
+    assert (folder / "var_spec.json").is_file()
