@@ -17,7 +17,7 @@ parameter count. Weights do not change the timings, so by default each model is 
 couple of steps only; ``--cached`` uses the cached, fully pretrained models (``$MMRL_CACHE``) and then
 also reports their mean reward.
 
-    python bench/bench_var.py [--repeats 5] [--prompts 8] [--group 8] [--cached] [--json out.json]
+    python bench/bench_var.py [--repeats 5] [--prompts 8] [--group 8] [--cached] [--models var ddim] [--json out.json]
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from mmrl.var_pretrain import cached_var, pretrain_var
 CLIP = {"var": 0.2, "ddim": 1e-4, "flow": 1e-4}  # the recipes' PPO clip ranges
 
 
-def build_policies(tmp: str, cached: bool) -> dict[str, torch.nn.Module]:
+def build_policies(tmp: str, cached: bool, names: list[str]) -> dict[str, torch.nn.Module]:
     def diffusion(kind: str, scheduler: str) -> DiffusionPolicy:
         config = f"assets/imagegen/{kind}_tiny.json"
         folder = cached_pipeline(config, progress=False) if cached else pretrain(config, f"{tmp}/{kind}",
@@ -50,11 +50,14 @@ def build_policies(tmp: str, cached: bool) -> dict[str, torch.nn.Module]:
         return DiffusionPolicy.from_config(DiffusionConfig(pretrained=str(folder), scheduler=scheduler, num_steps=10,
                                                            train_window=(0, 5), guidance_scale=3.0))
 
-    var_config = "assets/imagegen/var_tiny.json"
-    var_folder = cached_var(var_config, progress=False) if cached else pretrain_var(var_config, f"{tmp}/var",
-                                                                                    progress=False, steps=2)
-    return {"var": VARPolicy.from_config(VARConfig(pretrained=str(var_folder), guidance_scale=2.0)),
-            "ddim": diffusion("ddim", "ddim"), "flow": diffusion("flow", "flow_match")}
+    def var() -> VARPolicy:
+        config = "assets/imagegen/var_tiny.json"
+        folder = cached_var(config, progress=False) if cached else pretrain_var(config, f"{tmp}/var", progress=False,
+                                                                                steps=2)
+        return VARPolicy.from_config(VARConfig(pretrained=str(folder), guidance_scale=2.0))
+
+    builders = {"var": var, "ddim": lambda: diffusion("ddim", "ddim"), "flow": lambda: diffusion("flow", "flow_match")}
+    return {name: builders[name]() for name in names}
 
 
 def rl_step(policy, task, examples: list, group: int, clip: float, optimizer, seed: int,
@@ -89,13 +92,15 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--micro-batch", type=int, default=32, help="rows per re-scoring call")
     parser.add_argument("--cached", action="store_true", help="use the cached fully pretrained models")
+    parser.add_argument("--models", nargs="+", default=["var", "ddim", "flow"], choices=["var", "ddim", "flow"],
+                        help="models to compare (var first: the ratios are against it)")
     parser.add_argument("--json", help="also write the medians to this JSON file")
     args = parser.parse_args()
     torch.set_num_threads(1)
     task = make_task("imagegen/shapes-v0")
     examples = task.sample_batch("train", args.prompts, np.random.default_rng(0))
     with tempfile.TemporaryDirectory() as tmp:
-        policies = build_policies(tmp, args.cached)
+        policies = build_policies(tmp, args.cached, args.models)
     optimizers = {k: torch.optim.AdamW([p for p in pol.parameters() if p.requires_grad], lr=1e-6)
                   for k, pol in policies.items()}
     records: dict[str, list[dict[str, float]]] = {k: [] for k in policies}
@@ -121,7 +126,7 @@ def main() -> None:
     for name, m in table.items():
         print(f"{name:6} {m['params']:>8d} {m['sample_s']:>9.3f} {m['samples_per_s']:>10.1f} {m['reward_s']:>9.3f} "
               f"{m['update_s']:>9.3f} {m['step_s']:>10.3f}" + (f" {m['reward_mean']:>7.3f}" if args.cached else ""))
-    for other in ("ddim", "flow"):
+    for other in [m for m in table if m != "var" and "var" in table]:
         print(f"VAR vs {other}: sampling {table[other]['sample_s'] / table['var']['sample_s']:.1f}x faster, "
               f"RL step {table[other]['step_s'] / table['var']['step_s']:.1f}x faster")
     if args.json:

@@ -2,6 +2,7 @@
 
 from mmrl.policies.causal_lm import CausalLMConfig, CausalLMPolicy
 from mmrl.policies.diffusion import DiffusionConfig, DiffusionPolicy
+from mmrl.policies.traffic import CandidateScorerConfig, CandidateScorerPolicy
 from mmrl.policies.var import VARConfig, VARPolicy
 from mmrl.policies.vla import VLAConfig, VLAPolicy
 from mmrl.policies.vlm import VLMConfig, VLMPolicy
@@ -12,6 +13,7 @@ register_policy("diffusion", DiffusionPolicy.from_config, DiffusionConfig)
 register_policy("vlm", VLMPolicy.from_config, VLMConfig)
 register_policy("vla", VLAPolicy.from_config, VLAConfig)
 register_policy("var", VARPolicy.from_config, VARConfig)
+register_policy("candidate_scorer", CandidateScorerPolicy.from_config, CandidateScorerConfig)
 
-__all__ = ["CausalLMConfig", "CausalLMPolicy", "DiffusionConfig", "DiffusionPolicy", "VARConfig", "VARPolicy",
+__all__ = ["CandidateScorerConfig", "CandidateScorerPolicy", "CausalLMConfig", "CausalLMPolicy", "DiffusionConfig", "DiffusionPolicy", "VARConfig", "VARPolicy",
            "VLAConfig", "VLAPolicy", "VLMConfig", "VLMPolicy"]

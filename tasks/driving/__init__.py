@@ -1,11 +1,13 @@
 """Driving tasks (issue 8): the LaViPlan VLM waypoint planner on the :mod:`mmrl.envs.driving` world.
 
-The RIFT closed-loop traffic policy is not built yet.
+``driving/rift-v0``: RIFT's group-relative fine-tuning of a candidate-scoring traffic policy (``rift.py``).
 """
 
 from mmrl.registry import register_task
 from mmrl.tasks.driving.laviplan import LaviPlanConfig, LaviPlanTask, PlanExample
+from mmrl.tasks.driving.rift import RiftConfig, RiftExample, RiftTask
 
 register_task("driving/laviplan-v0", LaviPlanTask, LaviPlanConfig)
+register_task("driving/rift-v0", RiftTask, RiftConfig)
 
-__all__ = ["LaviPlanConfig", "LaviPlanTask", "PlanExample"]
+__all__ = ["LaviPlanConfig", "LaviPlanTask", "PlanExample", "RiftConfig", "RiftExample", "RiftTask"]

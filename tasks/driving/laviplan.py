@@ -11,6 +11,7 @@ choices are INFERRED and documented there.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -18,12 +19,16 @@ import numpy as np
 from PIL import Image
 
 from mmrl.contracts import IMAGE_PLACEHOLDER, RewardResult
+from mmrl.envs.driving.maps import LAYOUT_BUILDERS, OOD_LAYOUTS, TRAIN_LAYOUTS
 from mmrl.envs.driving.render import render_bev
-from mmrl.envs.driving.world import SPLITS, Scenario, check_trajectory, expert_trajectory, make_scenario
+from mmrl.envs.driving.world import (SPLITS, Scenario, TrajectoryCheck, check_trajectory, expert_trajectory,
+                                     make_scenario)
 from mmrl.tasks.driving.laviplan_reward import (ParsedPlan, RewardWeights, format_waypoints, parse_plan,
                                                 planning_metrics, plan_reward)
 
 SEED_SPACE = 2**31 - 1
+CHECK_CACHE = 16384
+"""World verdicts kept per task (sampled groups repeat plans): (split, seed, waypoints) → check."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,25 @@ class LaviPlanConfig(RewardWeights):
     """A plan succeeds when it is usable, collision- and off-road-free, and FDE < this (metres)."""
     max_abs_coord: float = 100.0
     """Waypoints farther than this (metres) make the answer unusable."""
+    speed_in_prompt: bool = False
+    """Say the ego's current speed in the prompt ("Ego speed 7 m/s."): the BEV raster is a still
+    frame, so without it how far the ego moves in T·Δt is not in the input (a real planner knows
+    its own speed; nuScenes-style VLM planners put the ego state in the prompt)."""
+    think: str = "{instruction}"
+    """Template of the reference answers' think block; fields ``{instruction}``, ``{maneuver}``,
+    ``{speed}`` (the ego speed in whole m/s). Short templates keep a tiny model's answers short."""
+    layouts: tuple[str, ...] = ()
+    """Training layouts to keep (e.g. ``[straight, merge]``); empty: all. Scenes of other layouts are
+    skipped by drawing further seeds (an easy setting for tiny models); the ``ood_layout`` split
+    keeps its unseen layouts (s-curve, T-junction) unless some are named here."""
+    agents: tuple[int, ...] = ()
+    """``[low, high]``: background vehicles in each ``train`` / ``test`` scene, ``low + seed % (high −
+    low + 1)`` (denser in-domain traffic: more scenes where the plan must yield); empty: the world's
+    default (2–5). The OOD splits keep their own definitions (``ood_dense``: 10–15)."""
+    train_pool: int = 0
+    """0: every ``train`` draw is a fresh seed. N > 0: ``train`` scenes are seeds 0..N−1, each built
+    once (expert planning is the slow part) and kept in memory; other splits always draw fresh seeds
+    from the whole seed space (the world keys scenes by (split, seed): no overlap either way)."""
 
 
 @dataclass(frozen=True)
@@ -52,10 +76,17 @@ class PlanExample:
     image: Image.Image = field(compare=False, repr=False)
     horizon: int = 4
     dt: float = 0.5
+    speed_in_prompt: bool = False
+
+    @property
+    def speed(self) -> int:
+        """The ego's speed at t = 0 in whole m/s (what the prompt says)."""
+        return int(round(float(self.scenario.ego[3])))
 
     @property
     def prompt(self) -> str:
-        return (f"{IMAGE_PLACEHOLDER}Instruction: {self.scenario.instruction}. Plan {self.horizon} waypoints "
+        state = f" Ego speed {self.speed} m/s." if self.speed_in_prompt else ""
+        return (f"{IMAGE_PLACEHOLDER}Instruction: {self.scenario.instruction}.{state} Plan {self.horizon} waypoints "
                 f"(x forward, y left, metres), one every {self.dt} s. Answer <think>...</think>"
                 f"<answer>[(x1,y1),...]</answer>.")
 
@@ -76,39 +107,94 @@ class LaviPlanTask:
         if cfg.horizon < 1 or not cfg.dt > 0 or cfg.decimals < 0 or cfg.image_size < 16:
             raise ValueError(f"task.args: need horizon >= 1, dt > 0, decimals >= 0, image_size >= 16; got "
                              f"{cfg.horizon}, {cfg.dt}, {cfg.decimals}, {cfg.image_size}")
+        unknown = [name for name in cfg.layouts if name not in LAYOUT_BUILDERS]
+        if unknown:
+            raise ValueError(f"task.args.layouts: unknown layout(s) {unknown}; known: {sorted(LAYOUT_BUILDERS)}")
+        try:
+            cfg.think.format(instruction="", maneuver="", speed=0)
+        except (KeyError, IndexError, ValueError) as err:
+            raise ValueError(f"task.args.think {cfg.think!r}: only {{instruction}}, {{maneuver}}, {{speed}} may "
+                             f"appear ({err})") from err
+        if cfg.agents and not (len(cfg.agents) == 2 and 0 <= cfg.agents[0] <= cfg.agents[1] <= 30):
+            raise ValueError(f"task.args.agents must be [low, high] with 0 <= low <= high <= 30, "
+                             f"got {list(cfg.agents)}")
+        if cfg.train_pool < 0:
+            raise ValueError(f"task.args.train_pool must be >= 0, got {cfg.train_pool}")
         self.cfg = cfg
         self.reward_range = cfg.score_range
+        self._pool: dict[int, PlanExample | None] = {}  # train seed → example (None: layout filtered out)
+        self._checks: OrderedDict[tuple, TrajectoryCheck] = OrderedDict()
 
     def sample_batch(self, split: str, n: int, rng: np.random.Generator) -> list[PlanExample]:
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r}; {self.id} has {SPLITS}")
-        cfg, examples = self.cfg, []
-        for seed in rng.integers(0, SEED_SPACE, size=n).tolist():
-            scenario = make_scenario(int(seed), split)  # the world keys its stream by (split, seed)
-            expert = expert_trajectory(scenario, cfg.horizon * cfg.dt, cfg.dt)
-            image = Image.fromarray(render_bev(scenario, size=cfg.image_size))
-            examples.append(PlanExample(scenario, split, expert, image, cfg.horizon, cfg.dt))
-        return examples
+        cfg = self.cfg
+        possible = OOD_LAYOUTS if split == "ood_layout" else TRAIN_LAYOUTS
+        keep = [name for name in cfg.layouts if name in possible]  # ood_layout keeps its unseen layouts
+        if cfg.layouts and not keep and split != "ood_layout":
+            raise ValueError(f"task.args.layouts {list(cfg.layouts)}: split {split!r} has only {possible}")
+        pooled = split == "train" and cfg.train_pool > 0
+        examples: list[PlanExample] = []
+        for _ in range(1000):
+            high = cfg.train_pool if pooled else SEED_SPACE
+            for seed in rng.integers(0, high, size=n - len(examples)).tolist():
+                if pooled and seed not in self._pool:
+                    self._pool[seed] = self._build(split, seed, keep)
+                example = self._pool[seed] if pooled else self._build(split, seed, keep)
+                if example is not None:
+                    examples.append(example)
+            if len(examples) == n:
+                return examples
+        raise ValueError(f"task.args.layouts {list(cfg.layouts)}: no scene of split {split!r} in 1000 draws "
+                         f"(train_pool {cfg.train_pool} too small?)")
 
-    def _parse(self, output: object) -> ParsedPlan:
+    def _build(self, split: str, seed: int, keep: list[str]) -> PlanExample | None:
+        """The example of (split, seed), or None when its layout is not kept."""
+        cfg = self.cfg
+        n_agents = None
+        if cfg.agents and split in ("train", "test"):
+            n_agents = cfg.agents[0] + int(seed) % (cfg.agents[1] - cfg.agents[0] + 1)
+        scenario = make_scenario(int(seed), split, n_agents)  # the world keys its stream by (split, seed)
+        if keep and scenario.road.layout not in keep:
+            return None
+        expert = expert_trajectory(scenario, cfg.horizon * cfg.dt, cfg.dt)
+        image = Image.fromarray(render_bev(scenario, size=cfg.image_size))
+        return PlanExample(scenario, split, expert, image, cfg.horizon, cfg.dt, cfg.speed_in_prompt)
+
+    def check(self, example: PlanExample, waypoints: np.ndarray) -> TrajectoryCheck:
+        """The world's verdict on ``waypoints`` [T, 2] for ``example`` (memoised: a scene is a pure
+        function of (split, seed), so equal plans of equal scenes get equal verdicts)."""
+        key = (example.split, example.scenario.seed, np.asarray(waypoints, np.float64).tobytes())
+        if key in self._checks:
+            self._checks.move_to_end(key)
+            return self._checks[key]
+        verdict = check_trajectory(example.scenario, waypoints, self.cfg.dt)
+        self._checks[key] = verdict
+        if len(self._checks) > CHECK_CACHE:
+            self._checks.popitem(last=False)
+        return verdict
+
+    def parse(self, output: object) -> ParsedPlan:
+        """The plan an output states (waypoints [T, 2] or None with the reason); never raises."""
         return parse_plan(output, self.cfg.horizon, self.cfg.max_abs_coord)
 
     def _score(self, example: PlanExample, plan: ParsedPlan) -> RewardResult:
         if plan.waypoints is None:
             return plan_reward(plan, example.expert, False, False, self.cfg)
-        check = check_trajectory(example.scenario, plan.waypoints, self.cfg.dt)
+        check = self.check(example, plan.waypoints)
         if not check.valid:  # the world refused the plan (shape, NaN, too far): unusable, with its reason
             return plan_reward(ParsedPlan(None, False, check.reason), example.expert, False, False, self.cfg)
         return plan_reward(plan, example.expert, check.collision, check.offroad, self.cfg)
 
     def reward(self, example: PlanExample, output: str) -> RewardResult:
-        return self._score(example, self._parse(output))
+        return self._score(example, self.parse(output))
 
     def reference_output(self, example: PlanExample) -> str:
-        think = example.scenario.instruction
+        think = self.cfg.think.format(instruction=example.scenario.instruction, maneuver=example.scenario.maneuver,
+                                      speed=example.speed)
         return f"<think>{think}</think><answer>{format_waypoints(example.expert, self.cfg.decimals)}</answer>"
 
     def metrics(self, examples: Sequence[PlanExample], outputs: Sequence[str],
                 results: Sequence[RewardResult]) -> dict[str, float]:
-        plans = [self._parse(o) for o in outputs]
+        plans = [self.parse(o) for o in outputs]
         return planning_metrics(plans, [e.expert for e in examples], results, self.cfg.success_fde)

@@ -6,7 +6,8 @@ the image cannot make a fair puzzle (then the task draws another image).
 Conventions shared by all five: tiles are numbered from 0 in reading order (left to right, top to
 bottom); depth is "larger = farther"; option letters are A–D. Prompt texts of tasks 1–4 are not
 in the paper's repository (NOT FOUND): the ones here are ours (docs/tasks.md). The relative-position
-prompt is the paper's template.
+prompt is the paper's template. ``terse=True`` swaps the question of tasks 1–4 for a few words (the
+tiny CPU model; its context must stay short) — the answer format is the same.
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def _differs(a: np.ndarray, b: np.ndarray) -> bool:
 
 
 def shuffle_puzzle(image: SourceImage, rng: np.random.Generator, grid: tuple[int, int] = (2, 2),
-                   blank_tile: bool = False, label_tiles: bool = True) -> Puzzle:
+                   blank_tile: bool = False, label_tiles: bool = True, terse: bool = False) -> Puzzle:
     """Shuffled patch reordering (Shuffle.py): displayed tile i shows original tile ``shown[i]``;
     optionally one displayed tile is blanked white; GT = ``argsort(shown)`` — for each original
     position, the displayed tile that belongs there."""
@@ -96,12 +97,14 @@ def shuffle_puzzle(image: SourceImage, rng: np.random.Generator, grid: tuple[int
     question = (f"{IMG}This image was cut into a {rows}x{cols} grid of tiles, numbered 0 to {n - 1} in reading "
                 f"order, and the tiles were shuffled.{blank} Restore the original image: for each position in "
                 f"reading order, which tile goes there? Answer with {n} tile numbers separated by commas.")
+    if terse:
+        question = f"{IMG}Unshuffle the {rows}x{cols} tiles."
     return Puzzle(question, (_assemble(display, rows, cols, label_tiles),), answer,
                   "I match the edges of neighbouring tiles.")
 
 
 def flip_puzzle(image: SourceImage, rng: np.random.Generator, directions: tuple[str, ...] = ("vertical", "horizontal"),
-                ask_direction: bool = False, label_tiles: bool = True) -> Puzzle:
+                ask_direction: bool = False, label_tiles: bool = True, terse: bool = False) -> Puzzle:
     """Flipped patch recognition (Flip.py): one of 2×2 tiles is flipped vertically (upside down,
     ``cv2.flip(·, 0)``) or horizontally (mirrored, ``cv2.flip(·, 1)``); GT = its index (harder
     variant: "index, direction")."""
@@ -118,6 +121,8 @@ def flip_puzzle(image: SourceImage, rng: np.random.Generator, directions: tuple[
     else:
         ask, answer = " Which tile is it? Answer with the tile number.", str(index)
     question = f"{IMG}The image is cut into 2x2 tiles numbered 0 to 3 in reading order. One tile is flipped.{ask}"
+    if terse:
+        question = f"{IMG}Which tile is flipped{', and how' if ask_direction else ''}?"
     return Puzzle(question, (_assemble(tiles, 2, 2, label_tiles),), answer, f"Tile {index} is flipped {direction}.")
 
 
@@ -139,7 +144,7 @@ def crop_candidates(rgb: np.ndarray, x: int, y: int, side: int) -> dict[str, np.
             "zoom_out_2": enlarged(inner)}
 
 
-def crop_puzzle(image: SourceImage, rng: np.random.Generator) -> Puzzle:
+def crop_puzzle(image: SourceImage, rng: np.random.Generator, terse: bool = False) -> Puzzle:
     """Cropped patch inpainting (Crop.py): a square of side min(H, W)/2 is blackened; options are the
     true patch and 3 of the 5 transforms of :func:`crop_candidates`, the truth at a uniform letter."""
     rgb = image.rgb
@@ -159,6 +164,8 @@ def crop_puzzle(image: SourceImage, rng: np.random.Generator) -> Puzzle:
     listed = " ".join(f"{LETTERS[i]}. {IMG}" for i in range(4))
     question = (f"{IMG}A square region of this image has been blacked out. Which patch fills it? {listed} "
                 f"Answer with the option letter.")
+    if terse:
+        question = f"{IMG}Which patch fills the black square? {listed}"
     return Puzzle(question, (Image.fromarray(context), *(Image.fromarray(o) for o in options)), LETTERS[gt],
                   "This patch continues the edges around the black square.")
 
@@ -216,7 +223,7 @@ def _marker(pen: ImageDraw.ImageDraw, y: int, x: int, label: str, radius: int) -
 
 
 def depth_puzzle(image: SourceImage, rng: np.random.Generator,
-                 flat_windows: tuple[tuple[int, float], ...] = ((25, 0.15), (11, 0.2))) -> Puzzle:
+                 flat_windows: tuple[tuple[int, float], ...] = ((25, 0.15), (11, 0.2)), terse: bool = False) -> Puzzle:
     """Regional depth ordering (Depth.py): one flat point from each depth band, labelled 1–3 in
     shuffled order (``lst[i]`` = band of label i+1); GT = ``argsort(lst) + 1``, labels near → far."""
     if image.depth is None:
@@ -234,6 +241,8 @@ def depth_puzzle(image: SourceImage, rng: np.random.Generator,
     order = [int(i) + 1 for i in np.argsort(bands_of_labels)]
     question = (f"{IMG}Three points are marked 1, 2 and 3 in the image. Order them from the nearest to the "
                 f"farthest from the camera. Answer with the three labels separated by commas.")
+    if terse:
+        question = f"{IMG}Order points 1, 2, 3 from near to far."
     marks = tuple((str(label), *points[band]) for label, band in enumerate(bands_of_labels.tolist(), start=1))
     return Puzzle(question, (picture,), ",".join(map(str, order)),
                   f"Point {order[0]} is nearest and point {order[2]} is farthest.", marks)

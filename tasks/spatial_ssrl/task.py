@@ -59,6 +59,9 @@ class SpatialSSRLConfig:
     """Depth: the largest normalised depth range allowed in each of those windows (Depth.py)."""
     position: PositionSettings = PositionSettings()
     """Relative position: region size, flatness, near / far / diagonal thresholds, facing weights."""
+    terse_prompts: bool = False
+    """Shuffle / flip / crop / depth: a few-word question instead of the full one (same answers; for the
+    tiny CPU model, whose context must stay short). Relative position always uses the paper's template."""
     format_prompt: bool = True
     """Append the paper's format instruction (<think> … </think>, \\boxed{}) to every prompt."""
     format_weight: float = 0.1
@@ -105,13 +108,15 @@ class SpatialSSRLTask:
             image = self.source.draw(split, rng)
             try:
                 if pretext == "shuffle":
-                    return image.key, shuffle_puzzle(image, rng, cfg.grid, cfg.blank_tile, cfg.label_tiles)
+                    return image.key, shuffle_puzzle(image, rng, cfg.grid, cfg.blank_tile, cfg.label_tiles,
+                                                      cfg.terse_prompts)
                 if pretext == "flip":
-                    return image.key, flip_puzzle(image, rng, cfg.flip_directions, cfg.ask_direction, cfg.label_tiles)
+                    return image.key, flip_puzzle(image, rng, cfg.flip_directions, cfg.ask_direction, cfg.label_tiles,
+                                                   cfg.terse_prompts)
                 if pretext == "crop":
-                    return image.key, crop_puzzle(image, rng)
+                    return image.key, crop_puzzle(image, rng, cfg.terse_prompts)
                 if pretext == "depth":
-                    return image.key, depth_puzzle(image, rng, windows)
+                    return image.key, depth_puzzle(image, rng, windows, cfg.terse_prompts)
                 return image.key, position_puzzle(image, rng, cfg.position)
             except Unsuitable as reason:
                 last = f"{image.key}: {reason}"

@@ -6,7 +6,10 @@ document types (INFERRED from the paper's domain, arXiv 2506.13363: medical repo
 - ``lab_report``: patient fields, then a table test / value / unit / reference range / flag (↑ ↓);
 - ``invoice``: number, dates, vendor, line items (description, quantity, amount), total;
 - ``form``: key-value blocks of patient / visit data;
-- ``card``: a short card of 2–4 big key: value lines (the tiny CPU setting).
+- ``card``: a short card of 2–4 big key: value lines;
+- ``triage``: an emergency triage tag whose colour is the ``triage`` field (START triage colours),
+  with up to two more key: value lines (``bed``, ``ward``): the tiny CPU setting, since a ~1 M-parameter
+  VLM trained for minutes reads colours but not glyphs (docs/tasks.md).
 
 Ground truth is a flat ``{key: value}`` mapping (tables flatten to ``<test>_value`` / ``_unit`` /
 ``_range`` / ``_flag``; line items to ``item<i>_...``); :data:`KEY_DESCRIPTIONS` is the schema.
@@ -15,7 +18,7 @@ A flag that is not raised is the empty string: "" means "the field is absent" (d
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import numpy as np
@@ -23,7 +26,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from mmrl.paths import resolve_asset
 
-DOC_TYPES = ("lab_report", "invoice", "form", "card")
+DOC_TYPES = ("lab_report", "invoice", "form", "card", "triage")
 FONTS = ("sans", "serif", "mono")
 """``sans``: Pillow's embedded default face; ``serif`` / ``mono``: DejaVu (assets/fonts, free licence)."""
 _FONT_FILES = {"serif": "fonts/DejaVuSerif.ttf", "mono": "fonts/DejaVuSansMono.ttf"}
@@ -43,7 +46,12 @@ CARD_KEYS = ("id", "age", "bed", "ward")
 CARD_KEY_DESCRIPTIONS = {"id": "patient id number", "age": "patient age in years", "bed": "bed number",
                          "ward": "ward number"}
 
+TRIAGE_COLOURS = {"red": (210, 30, 30), "yellow": (235, 205, 35), "green": (40, 160, 60), "black": (25, 25, 25)}
+"""START triage categories (immediate, delayed, minor, expectant) and the tag's paper colour."""
+TRIAGE_EXTRA_KEYS = ("bed", "ward")
+
 KEY_DESCRIPTIONS: dict[str, str] = {
+    "triage": "triage category: the colour of the tag (red, yellow, green or black)",
     "patient_name": "full name of the patient", "patient_id": "patient identifier",
     "sex": "patient sex (M/F)", "age": "patient age in years", "date": "date of the report (YYYY-MM-DD)",
     "invoice_number": "invoice number", "invoice_date": "date the invoice was issued (YYYY-MM-DD)",
@@ -187,14 +195,24 @@ def form(rng: np.random.Generator, n_fields: int) -> tuple[str, list[tuple[str, 
         [(pool[i][0], pool[i][2]) for i in chosen]
 
 
-def card(rng: np.random.Generator, n_fields: int, values: tuple[str, ...]) -> tuple[str, list, list]:
+def card(rng: np.random.Generator, n_fields: int, values: tuple[str, ...], labels: bool = True
+         ) -> tuple[str, list, list]:
+    """``key: value`` lines, or (``labels`` false) the values alone, one per line in key order."""
     keys = sorted(rng.choice(len(CARD_KEYS), size=n_fields, replace=False).tolist())
     fields = [(CARD_KEYS[k], _pick(rng, values)) for k in keys]
-    return "", [(f"{k}: {v}",) for k, v in fields], fields
+    return "", [(f"{k}: {v}" if labels else v,) for k, v in fields], fields
+
+
+def triage(rng: np.random.Generator, n_fields: int, values: tuple[str, ...]) -> tuple[str, list, list, str]:
+    """A triage tag: the ``triage`` colour first, then ``n_fields - 1`` of bed / ward with ``values``."""
+    colour = _pick(rng, tuple(TRIAGE_COLOURS))
+    extra = sorted(rng.choice(len(TRIAGE_EXTRA_KEYS), size=n_fields - 1, replace=False).tolist())
+    fields = [("triage", colour)] + [(TRIAGE_EXTRA_KEYS[k], _pick(rng, values)) for k in extra]
+    return "", [("TRIAGE",)] + [(f"{k}: {v}",) for k, v in fields[1:]], fields, colour
 
 
 def make_document(rng: np.random.Generator, doc_type: str, size: int, card_values: tuple[str, ...],
-                  width: int, font_size: tuple[int, int]) -> Document:
+                  width: int, font_size: tuple[int, int], card_labels: bool = True) -> Document:
     """One document of ``doc_type`` with ``size`` tests / items / fields, drawn from ``rng`` only."""
     if doc_type == "lab_report":
         title, lines, fields = lab_report(rng, size)
@@ -202,6 +220,12 @@ def make_document(rng: np.random.Generator, doc_type: str, size: int, card_value
         title, lines, fields = invoice(rng, size)
     elif doc_type == "form":
         title, lines, fields = form(rng, size)
+    elif doc_type == "card":
+        title, lines, fields = card(rng, size, card_values, card_labels)
     else:
-        title, lines, fields = card(rng, size, card_values)
+        title, lines, fields, colour = triage(rng, size, card_values)
+        layout = _layout(rng, width, font_size)
+        ink = (245, 245, 245) if colour in ("red", "black") else (20, 20, 20)
+        layout = replace(layout, paper=TRIAGE_COLOURS[colour], ink=ink)
+        return Document(doc_type, title, tuple(tuple(r) for r in lines), tuple(fields), layout)
     return Document(doc_type, title, tuple(tuple(r) for r in lines), tuple(fields), _layout(rng, width, font_size))

@@ -17,8 +17,8 @@ from mmrl.envs.world_model.data import behaviour_schedule, collect
 from mmrl.envs.world_model.metrics import SSIM_C1, frame_distance, mae, ssim
 from mmrl.envs.world_model.model import (CONFIG_FILE, POOL_FILE, LatentWorldModel, WorldModelConfig,
                                          load_world_model, read_config)
-from mmrl.envs.world_model.training import (OptimConfig, accuracy, fit, load_recipe, reference_pool,
-                                            resolve_world_model)
+from mmrl.envs.world_model.training import (OptimConfig, accuracy, background, fit, load_recipe, prediction_loss,
+                                            reference_pool, resolve_world_model)
 
 TINY = WorldModelConfig(task="reach", image_size=32, action_dims=2, latent=16, channels=8, hidden=32, max_steps=5)
 
@@ -215,3 +215,34 @@ def test_fit_reduces_the_prediction_loss_and_accuracy_reports_horizons():
     after = accuracy(model, data, horizons=(1, 5))["all"]
     assert history[-1]["loss"] < 0.9 * history[0]["loss"]
     assert set(after) == {"1", "5"} and {"mae", "ssim", "copy_first_mae", "copy_first_ssim"} <= set(after["1"])
+
+
+def test_loss_options_weigh_the_first_frames_arm_and_l1_and_bad_values_raise(tmp_path):
+    data = small_data(4, 5)
+    torch.manual_seed(0)
+    model = LatentWorldModel(TINY)
+    bg = background(data.images)
+    losses = {}
+    for pixel_loss in ("mse", "l1"):
+        for foreground in ("target", "target_and_first"):
+            cfg = OptimConfig(frames_per_sequence=3, pixel_loss=pixel_loss, foreground=foreground, proprio_weight=0.0)
+            losses[pixel_loss, foreground] = prediction_loss(model, data, bg, cfg, torch.Generator().manual_seed(0))[0].item()
+    # the same sampled frames: adding the first frame's arm to the foreground only adds weight where the
+    # untrained decoder errs, and |e| > e² for the pixel errors (all < 1) of the untrained model
+    assert losses["mse", "target_and_first"] > losses["mse", "target"]
+    assert losses["l1", "target"] > losses["mse", "target"]
+    recipe = tmp_path / "bad.yaml"
+    recipe.write_text("model: {task: reach}\ntrain: {pixel_loss: huber}\n")
+    with pytest.raises(ConfigError, match="pixel_loss"):
+        load_recipe(recipe)
+
+
+def test_vector_env_refuses_out_of_range_actions_and_leaves_state_unchanged(checkpoint):
+    vec = WorldModelVectorEnv(2, world_model=str(checkpoint), image_size=32)
+    vec.reset(seed=[0, 1])
+    z = vec._z.clone()
+    with pytest.raises(ValueError, match=r"\[-1, 1\].*unchanged"):
+        vec.step(np.array([[0.0, 0.0], [0.0, -1.2]], np.float32))
+    with pytest.raises(ValueError, match="shape"):
+        vec.step(np.zeros((3, 2), np.float32))
+    assert torch.equal(vec._z, z) and (vec._t == 0).all()

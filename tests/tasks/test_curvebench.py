@@ -345,6 +345,20 @@ def test_tiny_cpu_recipe_trains_and_mmrl_eval_prints_the_metrics(tmp_path, capsy
     assert "tree_accuracy/easy" in printed and "tree_accuracy_unrooted" in printed
 
 
+def test_mmrl_eval_of_a_run_equals_the_trainers_last_evaluation(tmp_path):
+    """``mmrl eval curvebench/easy-v0 --model RUN`` keeps the run's task arguments (1-3 curves at
+    112 px, not the id's defaults) and its latest checkpoint, so it reproduces the logged numbers."""
+    run = tmp_path / "run"
+    assert main(["train", "configs/curvebench/tiny_cpu.yaml", "--out", str(run), "--no-plot", *QUIET, *TINY,
+                 "rollout.max_new_tokens=40"]) == 0
+    logged = {k.removeprefix("eval/"): v for k, v in read_rows(run)[-1].items() if k.startswith("eval/")}
+    out = tmp_path / "eval.json"
+    assert main(["eval", "curvebench/easy-v0", "--model", str(run), "--num-examples", "8", "--json", str(out)]) == 0
+    printed = json.loads(out.read_text())["metrics"]["test"]
+    assert set(printed) == set(logged) and "tree_accuracy/easy" in printed
+    assert printed == pytest.approx(logged, abs=1e-9)
+
+
 @pytest.mark.slow
 def test_grpo_raises_held_out_tree_accuracy_after_the_warm_start(tmp_path):
     """The recipe as documented in docs/results.md (minutes on 2 cores)."""
@@ -364,3 +378,29 @@ def test_gpu_recipe_is_dr_grpo_as_published():
     assert cfg.algo.loss_agg == "seq-mean-token-sum-norm" and cfg.algo.norm_adv_by_std is False
     assert cfg.policy.args.lora_rank == 4 and cfg.policy.args.lora_alpha == 8 and cfg.trainer.steps == 250
     assert cfg.rollout.max_new_tokens == 4096
+
+
+def test_gpu_recipe_validates():
+    """The GPU recipe cannot run here (no GPU, no checkpoint) but must be a valid config (as
+    test_vlm_sanity.py::test_gpu_recipes_validate): a local folder, bf16, LoRA with the adapter-disabled
+    reference that the KL term needs, HF sampling without the vLLM-only corrections, a task that builds
+    (every 1-5 curve topology fits at 448 px), prompts within the token budget."""
+    from mmrl.config import load_config
+
+    cfg = load_config("curvebench/qwen3_vl_8b_gpu")
+    args = cfg.policy.args
+    assert cfg.policy.name == "vlm" and args.pretrained.startswith("models/") and args.dtype == "bfloat16"
+    assert cfg.trainer.mixed_precision == "bf16" and args.gradient_checkpointing
+    assert (args.lora_rank > 0) == (cfg.trainer.ref_model == "adapter_disabled") == (cfg.algo.kl_coef > 0)
+    assert (args.sampler == "vllm") == cfg.trainer.recompute_logp_old == (cfg.algo.tis_cap is not None)
+    assert cfg.warm_start.sft_steps == 0  # RL from the released checkpoint, as the paper
+    task = make_task(cfg.task.name, cfg.task.args)
+    assert task.cfg.node_count_weight == 0.0 and task.cfg.format_weight == 0.0 and task.cfg.system_prompt
+    assert len(task._topologies) == 1 + 2 + 4 + 9 + 20
+    assert args.max_pixels >= task.cfg.image_size ** 2  # the drawn image is not shrunk
+    # the variants the recipe's header documents validate too
+    vllm = load_config("curvebench/qwen3_vl_8b_gpu", ["policy.args.sampler=vllm", "trainer.recompute_logp_old=true",
+                                                      "algo.tis_cap=2.0"])
+    assert vllm.policy.args.sampler == "vllm"
+    hard = load_config("curvebench/qwen3_vl_8b_gpu", ["task.name=curvebench/hard-v0", "task.args.node_count_weight=0.3"])
+    assert make_task(hard.task.name, hard.task.args).cfg.category == "hard"

@@ -310,3 +310,16 @@ def test_task_reward_is_total_and_in_range(mixed_examples, output, which):
     task, examples = mixed_examples
     result = task.reward(examples[which], output)
     assert 0.0 <= result.score <= 1.0 and set(result.components) == {"accuracy", "format"}
+
+
+@pytest.mark.parametrize("task_id", IDS)
+def test_terse_prompts_ask_the_same_puzzles_in_fewer_words(task_id):
+    full = make_task(task_id, SMALL).sample_batch("test", 4, np.random.default_rng(3))
+    terse = make_task(task_id, {**SMALL, "terse_prompts": True}).sample_batch("test", 4, np.random.default_rng(3))
+    for a, b in zip(full, terse):
+        assert (a.pretext, a.source_key, a.answer) == (b.pretext, b.source_key, b.answer) and a.images == b.images
+        assert b.prompt.count("<image>") == len(b.images)
+        if a.pretext == "position":  # always the paper's template
+            assert b.prompt == a.prompt
+        else:
+            assert len(b.prompt) < len(a.prompt) - 60

@@ -94,3 +94,23 @@ def test_vla_rolls_out_groups_in_the_batched_world_model_env(task):
     rewards = rollout.step_rewards.sum(1)
     assert (rewards <= 0).all() and (rollout.step_rewards[:, :5] == 0).all()
     assert all(not s.success for s in rollout.outputs)
+
+
+@pytest.mark.slow
+def test_rft_in_the_world_model_raises_real_simulator_success(tmp_path):
+    """The recipe (BC warm start → 20 GRPO steps inside the learned world model, trains the default world
+    model on first use): greedy success measured in the REAL MuJoCo sim, mean over test and the four OOD
+    splits (5 × 64 episodes), rises. Seeds 0 / 1 measured: 0.253 → 0.338 / see docs/results.md."""
+    from mmrl.config import load_config
+    from mmrl.trainer import train
+
+    cfg = load_config("world_model_rft/tiny_cpu", ["log.tensorboard=false", "checkpoint.every=0"])
+    train(cfg, tmp_path / "run")
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in rows if "eval/success_rate" in r]
+    assert [r["step"] for r in evals] == [0, 10, 20]
+
+    def mean_success(row):
+        return np.mean([v for k, v in row.items() if k.startswith("eval/") and k.endswith("success_rate")])
+
+    assert mean_success(evals[-1]) >= mean_success(evals[0]) + 0.04, [mean_success(r) for r in evals]

@@ -1,0 +1,112 @@
+"""The VLA-RFT claim as a plot: greedy success in the REAL MuJoCo simulator vs real-simulator steps
+consumed, for the BC warm start, RL in MuJoCo and RFT inside the learned world model; writes
+docs/img/wm_rft_real_steps.png and prints the table behind it.
+
+    python scripts/plot_wm_results.py --bc-steps 27706 --world-model runs/wm/reach_l1 \\
+        --mujoco runs/world_model/mujoco_grpo_seed0 --rft runs/world_model/rft_seed0
+
+Real-simulator steps counted per arm (evaluation episodes are not counted for any arm):
+
+- BC: the warm start's demonstration steps (``--bc-steps``; every arm starts from this policy);
+- RL in MuJoCo: BC + every rollout step of RL so far (from each training row's episode count and
+  mean length, ``rollout/trained_rows`` × ``rollout/len_mean``, summed up to the eval's step);
+- RFT in the world model: BC + the world model's training data (``real_env_steps`` of its
+  ``train_log.json``), constant during RFT: no rollout touches MuJoCo.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from mmrl.logging import read_metrics  # noqa: E402
+
+SPLITS = ("test", "ood_color", "ood_position", "ood_instruction", "ood_distractor")
+
+
+def success(row: dict, split: str) -> float:
+    return row["eval/success_rate"] if split == "test" else row[f"eval/{split}/success_rate"]
+
+
+def mujoco_points(run: Path, bc_steps: int) -> list[tuple[int, int, dict]]:
+    """(RL step, real steps, eval row) of an RL-in-MuJoCo run."""
+    rows, used, points = read_metrics(run), 0, []
+    for row in rows:
+        if "rollout/len_mean" in row and row["step"] > 0:
+            used += int(round(row["rollout/trained_rows"] * row["rollout/len_mean"]))
+        if "eval/success_rate" in row:
+            points.append((row["step"], bc_steps + used, row))
+    return points
+
+
+def rft_points(run: Path, bc_steps: int, world_model_steps: int) -> list[tuple[int, int, dict]]:
+    return [(row["step"], bc_steps + world_model_steps, row) for row in read_metrics(run) if "eval/success_rate" in row]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bc-steps", type=int, required=True, help="real steps of the warm start's demonstrations")
+    parser.add_argument("--world-model", required=True, help="world-model folder (its train_log.json)")
+    parser.add_argument("--mujoco", nargs="*", default=[], help="RL-in-MuJoCo run folders")
+    parser.add_argument("--rft", nargs="+", required=True, help="RFT-in-world-model run folders")
+    parser.add_argument("--out", default="docs/img/wm_rft_real_steps.png")
+    args = parser.parse_args()
+    wm_steps = int(json.loads((Path(args.world_model) / "train_log.json").read_text())["real_env_steps"])
+    arms = {f"RL in MuJoCo ({Path(r).name})": mujoco_points(Path(r), args.bc_steps) for r in args.mujoco}
+    arms |= {f"RFT in world model ({Path(r).name})": rft_points(Path(r), args.bc_steps, wm_steps) for r in args.rft}
+    bc = next(iter(arms.values()))[0][2]
+
+    print("| arm | RL step | real-sim steps | " + " | ".join(SPLITS) + " |")
+    print("|---|---|---|" + "---|" * len(SPLITS))
+    print(f"| BC warm start | 0 | {args.bc_steps:,} | " + " | ".join(f"{success(bc, s):.3f}" for s in SPLITS) + " |")
+    for name, points in arms.items():
+        for step, real, row in points[1:]:
+            print(f"| {name} | {step} | {real:,} | " + " | ".join(f"{success(row, s):.3f}" for s in SPLITS) + " |")
+
+    fig, (ax, steps, bars) = plt.subplots(1, 3, figsize=(16, 4.2))
+    ax.plot([args.bc_steps], [success(bc, "test")], "k*", markersize=12, label="BC warm start")
+    for i, (name, points) in enumerate(arms.items()):
+        xs = [p[1] for p in points]
+        ys = [success(p[2], "test") for p in points]
+        if name.startswith("RFT"):  # every RFT step costs no real step: its evals stack at one x
+            line, = ax.plot(xs, ys, "s:", alpha=0.5)
+            ax.plot(xs[-1:], ys[-1:], "s", color=line.get_color(), markersize=9, label=f"{name}, last eval")
+        else:
+            ax.plot(xs, ys, "o-", label=name)
+        steps.plot([p[0] for p in points], ys, "s--" if name.startswith("RFT") else "o-", label=name)
+    ax.set_xlabel("real MuJoCo steps consumed (BC demos + WM data or RL rollouts)")
+    ax.set_ylabel("greedy success, real sim (test)")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6)
+    steps.set_xlabel("RL step (GRPO update)")
+    steps.set_ylabel("greedy success, real sim (test)")
+    steps.set_ylim(0, 1)
+    steps.grid(alpha=0.3)
+    steps.legend(fontsize=6)
+    labels = {"BC warm start": bc} | {name: points[-1][2] for name, points in arms.items()}
+    width = 0.8 / len(labels)
+    for i, (label, row) in enumerate(labels.items()):
+        bars.bar(np.arange(len(SPLITS)) + i * width, [success(row, s) for s in SPLITS], width, label=label)
+    bars.set_xticks(np.arange(len(SPLITS)) + 0.4 - width / 2, SPLITS, rotation=20)
+    bars.set_ylabel("greedy success, real sim")
+    bars.set_ylim(0, 1)
+    bars.grid(alpha=0.3, axis="y")
+    bars.legend(fontsize=6)
+    fig.suptitle("reach: BC vs RL in MuJoCo vs RFT in the learned world model (64 held-out episodes per split)")
+    fig.tight_layout()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=90)
+    print(out)
+
+
+if __name__ == "__main__":
+    main()

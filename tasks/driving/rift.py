@@ -1,0 +1,180 @@
+"""``driving/rift-v0``: RIFT's group-relative fine-tuning of a traffic policy over candidate trajectories.
+
+An example is a :class:`RiftExample`: a traffic state (:mod:`.rift_sim`) and its G = 15 CBV
+candidates with the policy's inputs (candidate features [G, F], agent context [X]). The policy
+answers with a candidate index (an ``int``); ``reward`` forward-simulates that candidate for 4 s with
+the other vehicles reacting and returns RIFT's discounted dense return (γ = 0.98, cut after the
+first collision). A group is the G candidates of one state (``policy.args.group: all_candidates``,
+``rollout.group_size: 15``), so ``algo.advantage: grpo`` gives RIFT's A_i = (G_i − mean)/(std + ε).
+
+- ``sample_batch(split, n, rng)``: ``train`` states come from a pool of ``train_pool`` seeds
+  (cached, so the imitation warm start and RL revisit them); other splits (``test`` and the
+  world's OOD splits) draw fresh seeds.
+- ``reward(example, output)``: score = the return in about [−150, 35]; components = each reward
+  term's discounted sum, ``collision``, ``offroad``, ``progress`` (m). A candidate index
+  out of range, or a trajectory (world points [40, 2]) with NaN/inf or of the wrong shape, scores 0
+  with the reason in ``info``; nothing is simulated then.
+- ``metrics``: open-loop (one 4-s decision) ``collision_rate``, ``offroad_rate``, ``progress_mean``.
+  Closed-loop episode metrics (8 s, replanning every 1 s) are :func:`closed_loop_metrics`.
+- ``reference_output``: the candidate closest to the rule-based driver's own 4 s (imitation target).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from mmrl.contracts import RewardResult
+from mmrl.envs.driving.world import SPLITS
+from mmrl.tasks.driving.rift_sim import (HORIZON_STEPS, REWARD_TERMS, CandidateReturns, Episode,
+                                         TrafficState, candidate_lattice, candidate_returns, closed_loop_episode,
+                                         features, kinematics, make_state, poses_from_xy, rule_based_choice,
+                                         rule_based_episode, wasserstein_1d)
+
+
+@dataclass(frozen=True)
+class RiftConfig:
+    train_pool: int = 256
+    """Distinct training states (seeds 0..train_pool−1 of the ``train`` split), cached in memory."""
+    cache: int = 2048
+    """States (with their candidates' returns) kept in memory."""
+    traffic: tuple[int, int] = (5, 9)
+    """(min, max) background agents per scenario (``ood_dense`` keeps its own 10–16)."""
+    explore_s: float = 2.0
+    """``train`` states only: up to this many seconds of random own-lane driving of the CBV before the
+    state (off-log coverage, see ``rift_sim.make_state``); 0 gives rule-based states only."""
+
+
+@dataclass(frozen=True, eq=False)
+class RiftExample:
+    """A traffic state and its candidates: poses [G, 41, 4], lattice parameters [G, 2], policy inputs."""
+
+    split: str
+    seed: int
+    state: TrafficState
+    candidates: np.ndarray
+    params: np.ndarray
+    features: np.ndarray  # [G, F] float32
+    context: np.ndarray  # [X] float32
+
+
+def build_example(split: str, seed: int, traffic: tuple[int, int] | None = (5, 9),
+                  explore_s: float = 0.0) -> RiftExample:
+    state = make_state(seed, split, traffic=traffic, explore_s=explore_s)
+    cand, params = candidate_lattice(state)
+    f, c = features(state, cand, params)
+    return RiftExample(split, int(seed), state, cand, params, f, c)
+
+
+def _zero(reason: str) -> RewardResult:
+    return RewardResult(0.0, {k: 0.0 for k in (*REWARD_TERMS, "collision", "offroad", "progress")}, reason)
+
+
+class RiftTask:
+    id = "driving/rift-v0"
+    reward_range = (-150.0, 35.0)
+
+    def __init__(self, cfg: RiftConfig):
+        if cfg.train_pool < 1:
+            raise ValueError(f"train_pool must be >= 1, got {cfg.train_pool}")
+        self.cfg = cfg
+        self._examples: OrderedDict[tuple[str, int], RiftExample] = OrderedDict()
+        self._returns: OrderedDict[tuple[str, int], CandidateReturns] = OrderedDict()
+        self._reference: dict[tuple[str, int], int] = {}
+
+    def _remember(self, table: OrderedDict, key, value):
+        table[key] = value
+        if len(table) > self.cfg.cache:
+            table.popitem(last=False)
+        return value
+
+    def example(self, split: str, seed: int) -> RiftExample:
+        key = (split, int(seed))
+        if key in self._examples:
+            return self._examples[key]
+        explore = self.cfg.explore_s if split == "train" else 0.0
+        return self._remember(self._examples, key, build_example(split, seed, tuple(self.cfg.traffic), explore))
+
+    def sample_batch(self, split: str, n: int, rng: np.random.Generator) -> list[RiftExample]:
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}; {self.id} has {', '.join(SPLITS)}")
+        high = self.cfg.train_pool if split == "train" else 2 ** 31 - 1
+        return [self.example(split, int(s)) for s in rng.integers(0, high, size=n)]
+
+    def returns(self, example: RiftExample) -> CandidateReturns:
+        """Every candidate's verifiable return, simulated once per state (batched over candidates)."""
+        key = (example.split, example.seed)
+        if key not in self._returns:
+            self._remember(self._returns, key, candidate_returns(example.state, example.candidates))
+        return self._returns[key]
+
+    def reward(self, example: RiftExample, output: object) -> RewardResult:
+        if isinstance(output, (int, np.integer)) and not isinstance(output, (bool, np.bool_)):
+            if not 0 <= output < len(example.candidates):
+                return _zero(f"candidate {output} out of range [0, {len(example.candidates)})")
+            r, i = self.returns(example), int(output)
+        elif isinstance(output, np.ndarray):
+            if output.shape != (HORIZON_STEPS, 2):
+                return _zero(f"trajectory must be world points of shape ({HORIZON_STEPS}, 2), got {output.shape}")
+            if not np.isfinite(output).all():
+                return _zero("trajectory contains NaN or inf")
+            if np.abs(output - example.state.cbv_pose[:2]).max() > 200.0:
+                return _zero("trajectory point more than 200 m from the vehicle")
+            r, i = candidate_returns(example.state, poses_from_xy(example.state.cbv_pose, output)[None]), 0
+        else:
+            return _zero(f"not a candidate index or a trajectory: {type(output).__name__}")
+        components = {k: float(v[i]) for k, v in r.terms.items()}
+        components |= {"collision": float(r.collision[i]), "offroad": float(r.offroad[i]),
+                       "progress": float(r.progress[i])}
+        info = "collision" if r.collision[i] else "off-road" if r.offroad[i] else ""
+        return RewardResult(float(r.total[i]), components, info)
+
+    def metrics(self, examples: Sequence[RiftExample], outputs: Sequence[object],
+                results: Sequence[RewardResult]) -> dict[str, float]:
+        return {"collision_rate": float(np.mean([r.components["collision"] for r in results])),
+                "offroad_rate": float(np.mean([r.components["offroad"] for r in results])),
+                "progress_mean": float(np.mean([r.components["progress"] for r in results]))}
+
+    def reference_output(self, example: RiftExample) -> int:
+        key = (example.split, example.seed)
+        if key not in self._reference:
+            self._reference[key] = rule_based_choice(example.state, example.candidates)
+        return self._reference[key]
+
+
+# ------------------------------------------------------------------------------------------------
+# Closed-loop evaluation
+
+def closed_loop_metrics(choose: Callable[[np.ndarray, np.ndarray], int], split: str, seeds: Sequence[int],
+                        episodes_out: list | None = None, traffic: tuple[int, int] | None = (5, 9)) -> dict[str, float]:
+    """8-s closed-loop episodes of the CBV driven by ``choose(features, context) -> index`` from the
+    states of ``seeds`` in ``split``, against the rule-based log from the same states.
+
+    Returns ``collision_rate``, ``offroad_rate``, ``progress_mean`` (m), ``goal_rate`` (≥ 45 m along the
+    route without a collision), realism proxies ``w1_speed`` / ``w1_accel`` / ``w1_jerk`` (Wasserstein-1
+    between the pooled per-step distributions of the policy's and the log's CBV), and the log's own
+    ``log_collision_rate`` / ``log_offroad_rate`` / ``log_progress_mean``. ``episodes_out`` collects
+    (state, policy episode, log episode) when given.
+    """
+    runs: list[tuple[TrafficState, Episode, Episode]] = []
+    for seed in seeds:
+        state = make_state(int(seed), split, traffic=traffic)
+        runs.append((state, closed_loop_episode(state, choose), rule_based_episode(state)))
+    if episodes_out is not None:
+        episodes_out.extend(runs)
+    out: dict[str, float] = {}
+    for prefix, k in (("", 1), ("log_", 2)):
+        eps = [r[k] for r in runs]
+        out[f"{prefix}collision_rate"] = float(np.mean([e.collision for e in eps]))
+        out[f"{prefix}offroad_rate"] = float(np.mean([e.offroad for e in eps]))
+        out[f"{prefix}progress_mean"] = float(np.mean([e.progress for e in eps]))
+        out[f"{prefix}goal_rate"] = float(np.mean([e.goal_reached for e in eps]))
+    for j, name in enumerate(("speed", "accel", "jerk")):
+        policy = np.concatenate([kinematics(r[1].cbv)[j] for r in runs])
+        log = np.concatenate([kinematics(r[2].cbv)[j] for r in runs])
+        out[f"w1_{name}"] = wasserstein_1d(policy, log)
+    return out
+
