@@ -2,7 +2,7 @@
 warm start with *supervised* steps at the GRPO learning rate, instead of GRPO, and report greedy
 held-out accuracy every 40 steps on the same 200 examples the trainer evaluates.
 
-    OMP_NUM_THREADS=1 python bench/vlm_sft_baseline.py [--steps 320] [--lr 6e-4]
+    OMP_NUM_THREADS=1 python bench/vlm_sft_baseline.py [--steps 320] [--lr 6e-4] [--recipe vlm_sanity/tiny_cpu]
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=6e-4)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--seed", type=int, default=1, help="data order of the continued SFT")
+    parser.add_argument("--recipe", default="vlm_sanity/tiny_cpu", help="a VLM recipe with a warm start")
     args = parser.parse_args()
-    cfg = load_config("vlm_sanity/tiny_cpu", ["log.progress=false", "log.tensorboard=false"])
+    cfg = load_config(args.recipe, ["log.progress=false", "log.tensorboard=false"])
     task = make_task(cfg.task.name, cfg.task.args)
     policy = build_initial_policy(cfg)  # the same warm start GRPO starts from
     held_out = task.sample_batch(cfg.eval.split, cfg.eval.num_examples, np.random.default_rng(cfg.eval.seed))

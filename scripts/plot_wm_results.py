@@ -94,7 +94,8 @@ def main() -> None:
     labels = {"BC warm start": bc} | {name: points[-1][2] for name, points in arms.items()}
     width = 0.8 / len(labels)
     for i, (label, row) in enumerate(labels.items()):
-        bars.bar(np.arange(len(SPLITS)) + i * width, [success(row, s) for s in SPLITS], width, label=label)
+        bars.bar(np.arange(len(SPLITS)) + i * width, [success(row, s) for s in SPLITS], width, label=label,
+                 color="0.25" if i == 0 else f"C{(i - 1) % 10}")  # the arms keep their curve colours
     bars.set_xticks(np.arange(len(SPLITS)) + 0.4 - width / 2, SPLITS, rotation=20)
     bars.set_ylabel("greedy success, real sim")
     bars.set_ylim(0, 1)

@@ -25,8 +25,23 @@ from mmrl.rollout import SamplingParams
 from mmrl.tasks.robot import EpisodeExample
 
 
+def average_ranks(x: np.ndarray) -> np.ndarray:
+    """Ranks 0..n-1 with ties sharing their mean rank (success is 0/1: many ties)."""
+    order = x.argsort(kind="stable")
+    ranks = np.empty(len(x))
+    ranks[order] = np.arange(len(x), dtype=float)
+    for value in np.unique(x):
+        ranks[x == value] = ranks[x == value].mean()
+    return ranks
+
+
 def spearman(a: np.ndarray, b: np.ndarray) -> float:
-    ra, rb = a.argsort().argsort().astype(float), b.argsort().argsort().astype(float)
+    """Spearman's rank correlation (NaN when either side is constant).
+
+    >>> round(spearman(np.array([0.1, 0.2, 0.3]), np.array([0.0, 1.0, 1.0])), 3)
+    0.866
+    """
+    ra, rb = average_ranks(a), average_ranks(b)
     if ra.std() == 0 or rb.std() == 0:
         return float("nan")
     return float(np.corrcoef(ra, rb)[0, 1])

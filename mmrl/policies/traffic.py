@@ -152,7 +152,8 @@ class CandidateScorerPolicy(Policy):
         n_cand = logits.shape[1]
         if sampling.temperature == 0:
             if group_size != 1:
-                raise ValueError(f"greedy (temperature 0) rollouts have one row per example, got group_size {group_size}")
+                raise ValueError(f"greedy (temperature 0) rollouts have one row per example, got group_size "
+                                 f"{group_size}")
             choice, temperature = logits.argmax(1)[:, None], 1.0
         elif self.cfg.group == "all_candidates":
             if group_size != n_cand:
@@ -162,7 +163,8 @@ class CandidateScorerPolicy(Policy):
         else:
             gen = torch.Generator().manual_seed(seed)
             probs = F.softmax(logits.float().cpu() / sampling.temperature, dim=-1)
-            choice, temperature = torch.multinomial(probs, group_size, replacement=True, generator=gen), sampling.temperature
+            choice = torch.multinomial(probs, group_size, replacement=True, generator=gen)
+            temperature = sampling.temperature
         choice = choice.to(self.device)  # [E, K]
         logp = F.log_softmax(logits / temperature, dim=-1).gather(1, choice)  # [E, K]
         rows = choice.shape[1]

@@ -8,8 +8,9 @@ first collision). A group is the G candidates of one state (``policy.args.group:
 ``rollout.group_size: 15``), so ``algo.advantage: grpo`` gives RIFT's A_i = (G_i − mean)/(std + ε).
 
 - ``sample_batch(split, n, rng)``: ``train`` states come from a pool of ``train_pool`` seeds
-  (cached, so the imitation warm start and RL revisit them); other splits (``test`` and the
-  world's OOD splits) draw fresh seeds.
+  (cached, so the imitation warm start and RL revisit them), each followed by up to ``explore_s``
+  seconds of random-candidate driving of the CBV; other splits (``test`` and the world's OOD
+  splits) draw fresh seeds and take the state right after the rule-based warm-up.
 - ``reward(example, output)``: score = the return in about [−150, 35]; components = each reward
   term's discounted sum, ``collision``, ``offroad``, ``progress`` (m). A candidate index
   out of range, or a trajectory (world points [40, 2]) with NaN/inf or of the wrong shape, scores 0
@@ -43,9 +44,11 @@ class RiftConfig:
     """States (with their candidates' returns) kept in memory."""
     traffic: tuple[int, int] = (5, 9)
     """(min, max) background agents per scenario (``ood_dense`` keeps its own 10–16)."""
-    explore_s: float = 2.0
+    explore_s: float = 3.0
     """``train`` states only: up to this many seconds of random own-lane driving of the CBV before the
     state (off-log coverage, see ``rift_sim.make_state``); 0 gives rule-based states only."""
+    explore_lateral: bool = True
+    """Exploration also picks candidates of the other reference lines (lane shifts), not only speeds."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -62,8 +65,8 @@ class RiftExample:
 
 
 def build_example(split: str, seed: int, traffic: tuple[int, int] | None = (5, 9),
-                  explore_s: float = 0.0) -> RiftExample:
-    state = make_state(seed, split, traffic=traffic, explore_s=explore_s)
+                  explore_s: float = 0.0, explore_lateral: bool = False) -> RiftExample:
+    state = make_state(seed, split, traffic=traffic, explore_s=explore_s, explore_lateral=explore_lateral)
     cand, params = candidate_lattice(state)
     f, c = features(state, cand, params)
     return RiftExample(split, int(seed), state, cand, params, f, c)
@@ -96,7 +99,8 @@ class RiftTask:
         if key in self._examples:
             return self._examples[key]
         explore = self.cfg.explore_s if split == "train" else 0.0
-        return self._remember(self._examples, key, build_example(split, seed, tuple(self.cfg.traffic), explore))
+        return self._remember(self._examples, key, build_example(split, seed, tuple(self.cfg.traffic), explore,
+                                                                 self.cfg.explore_lateral))
 
     def sample_batch(self, split: str, n: int, rng: np.random.Generator) -> list[RiftExample]:
         if split not in SPLITS:

@@ -56,7 +56,9 @@ def frames(state, episode, size: int = 160, label: str = "") -> list[Image.Image
         draw = ImageDraw.Draw(pil)
         c, r = size / 2, 0.75 * size
         draw.rectangle([c - 2, r - 4, c + 2, r + 4], outline=CBV_COLOUR)
-        draw.text((3, 3), f"{label} t={t / 10:.1f}s", fill=(255, 255, 255))
+        crashed = episode.collision and t + 5 >= len(episode.cbv)
+        draw.text((3, 3), f"{label} t={t / 10:.1f}s" + (" COLLISION" if crashed else ""),
+                  fill=(255, 80, 80) if crashed else (255, 255, 255))
         out.append(pil)
     return out
 
@@ -98,10 +100,14 @@ def main(argv: list[str] | None = None) -> dict:
         for name, m in results[split].items():
             print(f"[{split}] {name:<9} " + "  ".join(f"{k} {v:.3f}" for k, v in m.items()))
         if args.gif and split == args.splits.split(",")[0]:
-            # show the episodes where the two differ most: an imitation collision that RIFT avoids first
-            order = sorted(range(len(seeds)), key=lambda i: (-(runs_before[i][1].collision > runs_after[i][1].collision),
-                                                             runs_before[i][1].choices == runs_after[i][1].choices))
-            pairs = [(runs_before[i][0], runs_before[i][1], runs_after[i][1]) for i in order[:args.gif_episodes]]
+            # one episode each: imitation collides and RIFT does not; the reverse; the choices differ
+            b, a = [r[1] for r in runs_before], [r[1] for r in runs_after]
+            kinds = [lambda i: b[i].collision and not a[i].collision, lambda i: a[i].collision and not b[i].collision,
+                     lambda i: b[i].choices != a[i].choices]
+            picked = []
+            for kind in kinds:
+                picked += [i for i in range(len(seeds)) if kind(i) and i not in picked][:1]
+            pairs = [(runs_before[i][0], b[i], a[i]) for i in picked[:args.gif_episodes]]
             write_gif(pairs, args.gif)
             print(f"gif: {args.gif} ({args.gif.stat().st_size / 1e3:.0f} kB)")
     if args.json:

@@ -27,7 +27,8 @@ from mmrl.envs.driving.geometry import (box_corners, boxes_overlap, point_at_arc
                                         polyline_tangents, project_to_polyline, wrap_angle)
 from mmrl.envs.driving.maps import LANE_WIDTH
 from mmrl.envs.driving.env import RouteSet, traffic_step
-from mmrl.envs.driving.world import CAR_LENGTH, CAR_WIDTH, SIM_DT, Agent, Scenario, _leader_gaps, frenet_path, make_scenario
+from mmrl.envs.driving.world import (CAR_LENGTH, CAR_WIDTH, SIM_DT, Agent, Scenario, _leader_gaps, frenet_path,
+                                     make_scenario)
 
 HORIZON_STEPS = 40  # 4 s at SIM_DT = 0.1 s (RIFT: 40 frames)
 GAMMA = 0.98  # RIFT get_rollout_return
@@ -95,14 +96,16 @@ def simulate(agents: list[Agent] | tuple[Agent, ...], n_steps: int, tracked: np.
 
 
 def make_state(seed: int, split: str = "train", warmup_s: float | None = None,
-               traffic: tuple[int, int] | None = (5, 9), explore_s: float = 0.0) -> TrafficState:
+               traffic: tuple[int, int] | None = (5, 9), explore_s: float = 0.0,
+               explore_lateral: bool = False) -> TrafficState:
     """A seeded traffic state: the scenario's traffic (``traffic`` = (min, max) background agents, drawn
     by the seed; None: the split's own density) runs rule-based for ``warmup_s`` seconds (default: drawn
     from [0, 3] s by the seed); then the moving agent nearest the scenario's ego becomes the CBV.
 
     ``explore_s`` > 0: then the CBV drives up to that many seconds (whole seconds, drawn by the seed)
-    along random own-lane candidates, others reacting: states off the rule-based driver's path
-    (DART-style coverage for fine-tuning, Laskey et al. 2017), so the policy also learns to recover.
+    along random own-lane candidates (``explore_lateral``: random candidates of any reference line),
+    others reacting: states off the rule-based driver's path (DART-style coverage for fine-tuning,
+    Laskey et al. 2017), so the policy also learns to recover.
     """
     rng = np.random.default_rng([seed, 77])
     n_agents = None if traffic is None or split == "ood_dense" else int(rng.integers(traffic[0], traffic[1] + 1))
@@ -122,7 +125,7 @@ def make_state(seed: int, split: str = "train", warmup_s: float | None = None,
     state = TrafficState(scenario, vehicles[cbv], others, warmup_s, (split, int(seed), warmup_s))
     for _ in range(int(rng.integers(0, int(explore_s) + 1))):
         cand, _ = candidate_lattice(state, REPLAN_STEPS)
-        piece = cand[int(rng.integers(len(SPEED_MODES)))]  # own reference line, a random speed mode
+        piece = cand[int(rng.integers(len(cand) if explore_lateral else len(SPEED_MODES)))]  # own line first
         other_poses = simulate(state.others, REPLAN_STEPS, tracked=piece[None])[0]
         collide, _ = collisions_offroad(state, piece[None], other_poses[None])
         if collide.any():
@@ -225,7 +228,8 @@ def reference_errors(state: TrafficState, cbv: np.ndarray) -> tuple[np.ndarray, 
 REWARD_TERMS = ("collision", "offroad", "comfort", "l_align", "l_center", "velocity", "timestep")
 
 
-def dense_rewards(state: TrafficState, cbv: np.ndarray, others: np.ndarray, dt: float = SIM_DT) -> dict[str, np.ndarray]:
+def dense_rewards(state: TrafficState, cbv: np.ndarray, others: np.ndarray,
+                  dt: float = SIM_DT) -> dict[str, np.ndarray]:
     """RIFT's ``DenseRewardModel`` terms [C, S] for steps 1..S of CBV poses [C, S+1, 4]:
 
     R_collision = −(20 + |v|)·collision; R_offroad = −5·offroad; R_comfort = −0.8·(1[|a|>4] + 1[|α̇|>4])
@@ -336,7 +340,8 @@ def features(state: TrafficState, candidates: np.ndarray, params: np.ndarray) ->
         widths = np.array([state.cbv.width] + [a.width for a in state.others])
         gap, _ = _leader_gaps(everyone, lengths, widths, 1)
         near = np.linalg.norm(o[:, :2] - pose[:2], axis=1)
-        leader, neighbours, nearest = min(float(gap[0, 0]), 60.0), float((near < 20.0).sum()), float(min(near.min(), 60.0))
+        leader, neighbours = min(float(gap[0, 0]), 60.0), float((near < 20.0).sum())
+        nearest = float(min(near.min(), 60.0))
     else:
         leader, neighbours, nearest = 60.0, 0.0, 60.0
     context = np.array([pose[3] / 10.0, state.cbv.desired_speed / 10.0, leader / 60.0, neighbours / 5.0,
