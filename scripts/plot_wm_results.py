@@ -10,8 +10,9 @@ Real-simulator steps counted per arm (evaluation episodes are not counted for an
 - BC: the warm start's demonstration steps (``--bc-steps``; every arm starts from this policy);
 - RL in MuJoCo: BC + every rollout step of RL so far (from each training row's episode count and
   mean length, ``rollout/trained_rows`` × ``rollout/len_mean``, summed up to the eval's step);
-- RFT in the world model: BC + the world model's training data (``real_env_steps`` of its
-  ``train_log.json``), constant during RFT: no rollout touches MuJoCo.
+- RFT in the world model: BC + the world model's own training data (``real_env_steps`` of its
+  ``train_log.json`` minus the BC demonstrations it reused, ``demonstration_env_steps``), constant
+  during RFT: no rollout touches MuJoCo.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from mmrl.logging import read_metrics  # noqa: E402
+from mmrl.tasks.robot.world_model_rft import world_model_own_steps  # noqa: E402
 
 SPLITS = ("test", "ood_color", "ood_position", "ood_instruction", "ood_distractor")
 
@@ -58,7 +60,7 @@ def main() -> None:
     parser.add_argument("--rft", nargs="+", required=True, help="RFT-in-world-model run folders")
     parser.add_argument("--out", default="docs/img/wm_rft_real_steps.png")
     args = parser.parse_args()
-    wm_steps = int(json.loads((Path(args.world_model) / "train_log.json").read_text())["real_env_steps"])
+    wm_steps = world_model_own_steps(json.loads((Path(args.world_model) / "train_log.json").read_text()))
     arms = {f"RL in MuJoCo ({Path(r).name})": mujoco_points(Path(r), args.bc_steps) for r in args.mujoco}
     arms |= {f"RFT in world model ({Path(r).name})": rft_points(Path(r), args.bc_steps, wm_steps) for r in args.rft}
     bc = next(iter(arms.values()))[0][2]

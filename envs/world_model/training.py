@@ -35,7 +35,8 @@ import numpy as np
 import torch
 import yaml
 
-from mmrl.envs.world_model.data import Trajectories, behaviour_schedule, collect
+from mmrl.envs.world_model.data import (DEMONSTRATION, Trajectories, behaviour_schedule, collect, concatenate,
+                                        warm_start_demonstrations, warm_start_seeds)
 from mmrl.envs.world_model.metrics import mae, ssim
 from mmrl.envs.world_model.model import CONFIG_FILE, POOL_FILE, LatentWorldModel, WorldModelConfig
 
@@ -44,6 +45,21 @@ HORIZONS = (1, 5, 10, 20, 30)
 
 @dataclass(frozen=True)
 class DataConfig:
+    demonstrations: bool = False
+    """Train on the BC warm start's own demonstration episodes (VLA-RFT: the world model learns from
+    the policy's SFT data, so RFT itself adds no real-simulator step): the ``demo_*`` fields must
+    equal the RFT recipe's ``warm_start`` (sft_steps, batch_size, seed) and ``task.args.demo_noise``.
+    Their steps are logged as ``demonstration_env_steps`` (shared with BC, not counted again); the
+    ``episodes`` collected below come on top (0 for none) and are the world model's own real steps.
+    The reference pool is then the successful demonstrations (first frame + executed actions)."""
+    demo_batches: int = 120
+    """The warm start's ``sft_steps`` (one batch of demonstrations per step)."""
+    demo_batch_size: int = 16
+    """The warm start's ``batch_size``."""
+    demo_seed: int = 0
+    """The warm start's ``seed`` (its example generator)."""
+    demo_noise: float = 0.3
+    """The task's ``demo_noise`` (DART noise of the executed action)."""
     episodes: int = 400
     """Training episodes collected in the real simulator (each ``model.max_steps`` steps)."""
     expert_fraction: float = 0.25
@@ -107,11 +123,19 @@ def load_recipe(path: str | Path) -> tuple[WorldModelRecipe, dict]:
 
 
 def collect_dataset(recipe: WorldModelRecipe) -> tuple[Trajectories, Trajectories]:
-    """Training and held-out trajectories from the real simulator."""
+    """Training (the warm start's demonstrations and / or new episodes) and held-out trajectories."""
     m, d = recipe.model, recipe.data
     fractions = {"expert": d.expert_fraction, "random": d.random_fraction}
-    train = collect(m.task, m.image_size, d.seed_base + np.arange(d.episodes), behaviour_schedule(d.episodes, fractions),
-                    m.max_steps, d.noise_levels, d.seed)
+    parts = []
+    if d.demonstrations:
+        seeds = warm_start_seeds(m.task, m.image_size, d.demo_noise, d.demo_batches, d.demo_batch_size, d.demo_seed)
+        parts.append(warm_start_demonstrations(m.task, m.image_size, d.demo_noise, seeds, m.max_steps))
+    if d.episodes:
+        parts.append(collect(m.task, m.image_size, d.seed_base + np.arange(d.episodes),
+                             behaviour_schedule(d.episodes, fractions), m.max_steps, d.noise_levels, d.seed))
+    if not parts:
+        raise ValueError("world-model recipe has no training data: set data.demonstrations: true or data.episodes > 0")
+    train = parts[0] if len(parts) == 1 else concatenate(parts)
     half = d.eval_episodes // 2
     held_out = collect(m.task, m.image_size, d.eval_seed_base + np.arange(d.eval_episodes),
                        ["noisy"] * half + ["random"] * (d.eval_episodes - half), m.max_steps, (0.5,), d.seed + 1)
@@ -132,7 +156,11 @@ def prediction_loss(model: LatentWorldModel, batch: Trajectories, bg: torch.Tens
     latents = model.rollout_latents(images[:, 0], torch.from_numpy(batch.actions))  # [B, T+1, latent]
     b, t1 = latents.shape[:2]
     k = min(cfg.frames_per_sequence, t1)
-    steps = torch.stack([torch.randperm(t1, generator=gen)[:k] for _ in range(b)])  # [B, k]
+    # k distinct real frames per episode (0..length; repeated when an episode has fewer): the padding
+    # after an episode's end is never a target
+    steps = torch.stack([torch.randperm(int(n) + 1, generator=gen)[torch.arange(k) % (int(n) + 1)]
+                         for n in batch.lengths])  # [B, k]
+    valid = (torch.arange(t1)[None] <= torch.from_numpy(batch.lengths)[:, None]).float()  # [B, T+1]
     rows = torch.arange(b)[:, None].expand(-1, k)
     predicted = model.decode(latents[rows, steps].flatten(0, 1), images[:, 0].repeat_interleave(k, 0))
     target = images[rows, steps].flatten(0, 1).permute(0, 3, 1, 2).float() / 255.0
@@ -144,7 +172,8 @@ def prediction_loss(model: LatentWorldModel, batch: Trajectories, bg: torch.Tens
     error = predicted - target
     per_pixel = error.abs() if cfg.pixel_loss == "l1" else error ** 2
     frame_loss = ((1 + cfg.foreground_weight * foreground) * per_pixel).mean()
-    proprio_loss = ((model.proprio(latents) - torch.from_numpy(batch.proprio)) ** 2).mean()
+    proprio_error = ((model.proprio(latents) - torch.from_numpy(batch.proprio)) ** 2).mean(-1)  # [B, T+1]
+    proprio_loss = (proprio_error * valid).sum() / valid.sum()
     loss = frame_loss + cfg.proprio_weight * proprio_loss
     return loss, {"frame": frame_loss.item(), "proprio": proprio_loss.item()}
 
@@ -223,11 +252,15 @@ def side_by_side(model: LatentWorldModel, held_out: Trajectories, out: Path, epi
 
 
 def reference_pool(data: Trajectories) -> dict[str, np.ndarray]:
-    """The env's reset states: real first frames, proprio, instructions and expert actions."""
-    rows = [i for i, b in enumerate(data.behaviours) if b == "expert"]
+    """The env's reset states: real first frames, proprio, instructions and expert actions: the clean
+    scripted-expert episodes, or, when the data holds the warm start's demonstrations, the successful
+    ones with their executed actions (VLA-RFT's reference is the dataset trajectory's ground-truth
+    actions; 0 = stay after the episode ended)."""
+    source = DEMONSTRATION if DEMONSTRATION in data.behaviours else "expert"
+    rows = [i for i, b in enumerate(data.behaviours) if b == source and (source == "expert" or data.success[i])]
     if not rows:
-        raise ValueError("the world-model recipe collects no expert episodes (data.expert_fraction is 0): the "
-                         "environment needs them as its reference pool")
+        raise ValueError("the world-model recipe has no expert episodes (data.expert_fraction is 0) and no successful "
+                         "demonstrations: the environment needs them as its reference pool")
     return {"first_frames": data.images[rows, 0], "first_proprio": data.proprio[rows, 0],
             "expert_actions": data.actions[rows], "instructions": np.asarray([data.instructions[i] for i in rows]),
             "seeds": data.seeds[rows], "expert_success": data.success[rows]}
@@ -256,10 +289,12 @@ def train_world_model(recipe_path: str | Path, out: str | Path, overwrite: bool 
     np.savez_compressed(tmp / POOL_FILE, **reference_pool(train))
     (tmp / "accuracy.json").write_text(json.dumps(accuracy(model, held_out), indent=1))
     side_by_side(model, held_out, tmp)
-    log = {"real_env_steps": train.real_steps, "held_out_real_env_steps": held_out.real_steps,
+    demo_steps = int(train.lengths[[b == DEMONSTRATION for b in train.behaviours]].sum())
+    log = {"real_env_steps": train.real_steps, "demonstration_env_steps": demo_steps,
+           "held_out_real_env_steps": held_out.real_steps,
            "collect_wall_s": collect_s, "wall_s": time.perf_counter() - start,
            "cpu_s": time.process_time() - cpu_start, "parameters": sum(p.numel() for p in model.parameters()),
-           "expert_success_rate": float(train.success[[b == "expert" for b in train.behaviours]].mean()),
+           "expert_success_rate": float(train.success[[b in ("expert", DEMONSTRATION) for b in train.behaviours]].mean()),
            "history": history}
     (tmp / "train_log.json").write_text(json.dumps(log, indent=1))
     (tmp / "recipe.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))

@@ -12,7 +12,8 @@
 - ``reference_output``: the scripted expert's demonstration of the episode's seed in the real
   simulator (the BC warm start, as ``robot/reach-v0``);
 - ``metrics`` add ``real_env_steps_rl``: real-simulator steps the RL phase consumed beyond the
-  warm start, i.e. the world model's training data (0 real steps are taken during RFT).
+  warm start, i.e. the world model's own training data (0 real steps are taken during RFT; a world
+  model trained on the warm start's demonstrations counts only what it collected on top of them).
 """
 
 from __future__ import annotations
@@ -63,6 +64,16 @@ def world_model_env_id(task: str, world_model: str) -> str:
     return custom
 
 
+def world_model_own_steps(train_log: dict) -> int:
+    """Real-simulator steps of a world model's data beyond the BC warm start's demonstrations (those
+    are counted once, for BC). Logs written before ``demonstration_env_steps`` existed hold none.
+
+    >>> world_model_own_steps({"real_env_steps": 14775, "demonstration_env_steps": 13275})
+    1500
+    """
+    return int(train_log["real_env_steps"]) - int(train_log.get("demonstration_env_steps", 0))
+
+
 class WorldModelRFTTask(RobotTask):
     reward_range = (-3.0, 2.0)
 
@@ -77,7 +88,7 @@ class WorldModelRFTTask(RobotTask):
         check_compatible(folder, task, cfg.image_size, 2 if task != "pick_place" else 4)
         self.wm_env_id = world_model_env_id(task, cfg.world_model)
         log = folder / "train_log.json"
-        self.world_model_real_steps = int(json.loads(log.read_text())["real_env_steps"]) if log.is_file() else 0
+        self.world_model_real_steps = world_model_own_steps(json.loads(log.read_text())) if log.is_file() else 0
 
     def sample_batch(self, split: str, n: int, rng: np.random.Generator) -> list[EpisodeExample]:
         examples = super().sample_batch(split, n, rng)

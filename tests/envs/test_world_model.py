@@ -13,7 +13,8 @@ from gymnasium.utils.env_checker import check_env
 import mmrl.envs  # noqa: F401  (registers the ids)
 from mmrl.config import ConfigError
 from mmrl.envs.world_model import WM_ENV_IDS, WorldModelEnv, WorldModelVectorEnv
-from mmrl.envs.world_model.data import behaviour_schedule, collect
+from mmrl.envs.world_model.data import (behaviour_schedule, collect, concatenate, warm_start_demonstrations,
+                                        warm_start_seeds)
 from mmrl.envs.world_model.metrics import SSIM_C1, frame_distance, mae, ssim
 from mmrl.envs.world_model.model import (CONFIG_FILE, POOL_FILE, LatentWorldModel, WorldModelConfig,
                                          load_world_model, read_config)
@@ -79,6 +80,47 @@ def test_collect_shapes_real_steps_and_determinism():
     np.testing.assert_array_equal(a.actions, b.actions)
     np.testing.assert_allclose(a.actions[0], a.expert_actions[0])  # the expert episode executes the clean labels
     assert np.abs(a.actions).max() <= 1.0
+
+
+def test_warm_start_demonstrations_are_exactly_what_bc_trains_on():
+    """The world model's demonstration data is the BC warm start's: the same seeds, drawn by the same
+    calls as mmrl.warm_start.sft, and the same frames and labels as RobotTask.demonstrate."""
+    from mmrl.tasks.robot.tabletop import EpisodeExample, RobotTask, RobotTaskConfig
+
+    task = RobotTask("reach", RobotTaskConfig(image_size=32, demo_noise=0.3))
+    rng = np.random.default_rng(5)
+    drawn = [ex.seed for _ in range(3) for ex in task.sample_batch("train", 4, rng)]
+    seeds = warm_start_seeds("reach", 32, 0.3, batches=3, batch_size=4, seed=5)
+    assert seeds == list(dict.fromkeys(drawn))
+    data = warm_start_demonstrations("reach", 32, 0.3, seeds[:3], steps=30)
+    assert data.real_steps == int(data.lengths.sum()) and data.behaviours == ["demonstration"] * 3
+    for i, seed in enumerate(seeds[:3]):
+        demo = task.demonstrate(EpisodeExample("mmrl/Reach-v0", seed))
+        n = int(data.lengths[i])
+        assert n == len(demo.actions) and data.success[i] == demo.success
+        np.testing.assert_array_equal(data.images[i, :n], demo.images)  # the frames BC saw, plus the last one
+        np.testing.assert_allclose(data.expert_actions[i, :n], demo.actions)
+        assert (data.actions[i, n:] == 0).all() and (data.images[i, n + 1:] == data.images[i, n]).all()  # padding
+
+
+def test_short_episodes_padding_is_never_a_target_and_the_pool_uses_successful_demonstrations():
+    demos = warm_start_demonstrations("reach", 32, 0.3, [11, 12, 13], steps=30)
+    assert (demos.lengths < 30).all()
+    data = concatenate([demos, small_data(1, 30)])
+    assert data.real_steps == int(demos.lengths.sum()) + 30
+    torch.manual_seed(0)
+    model = LatentWorldModel(TINY)
+    bg, cfg = background(data.images), OptimConfig(frames_per_sequence=3)
+    loss = prediction_loss(model, data, bg, cfg, torch.Generator().manual_seed(0))[0].item()
+    scrambled = data.select(np.arange(4))
+    for i, n in enumerate(scrambled.lengths):  # change everything after each episode's end
+        scrambled.images[i, n + 1:] = 255 - scrambled.images[i, n + 1:]
+        scrambled.proprio[i, n + 1:] += 0.7
+    assert prediction_loss(model, scrambled, bg, cfg, torch.Generator().manual_seed(0))[0].item() == pytest.approx(loss)
+    pool = reference_pool(data)
+    successful = [s for s, ok in zip(demos.seeds, demos.success) if ok]
+    assert list(pool["seeds"]) == successful and pool["expert_actions"].shape[1] == 30
+    np.testing.assert_array_equal(pool["expert_actions"], demos.actions[demos.success])  # executed, 0 after the end
 
 
 # -- model format ----------------------------------------------------------------------------------
