@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -26,10 +27,33 @@ def cache_root() -> Path:
     return Path(os.environ.get("MMRL_CACHE", Path.home() / ".cache" / "mmrl"))
 
 
+# Warm-start fields added after caches existed: left out of the key while off, so every recipe
+# that does not use them keeps its cache key (and its cached warm start).
+KEY_FIELDS_WHEN_ON = {"vision_steps": ("vision_steps", "vision_lr")}
+
+
+def warm_start_key(cfg: TrainConfig) -> str:
+    ws = to_dict(cfg.warm_start)
+    for switch, names in KEY_FIELDS_WHEN_ON.items():
+        if not ws[switch]:
+            for name in names:
+                del ws[name]
+    return json.dumps({"task": to_dict(cfg.task), "policy": to_dict(cfg.policy), "warm_start": ws}, sort_keys=True)
+
+
 def warm_start_path(cfg: TrainConfig) -> Path:
-    key = json.dumps({"task": to_dict(cfg.task), "policy": to_dict(cfg.policy),
-                      "warm_start": to_dict(cfg.warm_start)}, sort_keys=True)
-    return cache_root() / "warm_start" / hashlib.sha256(key.encode()).hexdigest()[:16]
+    return cache_root() / "warm_start" / hashlib.sha256(warm_start_key(cfg).encode()).hexdigest()[:16]
+
+
+@runtime_checkable
+class VisionLabels(Protocol):
+    """A task whose images carry a class label for vision pretraining (``warm_start.vision_steps``)."""
+
+    vision_classes: int
+
+    def vision_label(self, example: Any) -> int:
+        """The image's class in ``[0, vision_classes)``."""
+        ...
 
 
 def build_initial_policy(cfg: TrainConfig, device: torch.device | str = "cpu", is_main: bool = True,
@@ -88,6 +112,8 @@ def sft(policy: Policy, cfg: TrainConfig) -> list[float]:
     task = make_task(cfg.task.name, cfg.task.args)
     ws = cfg.warm_start
     rng = np.random.default_rng(ws.seed)
+    if ws.vision_steps > 0:
+        pretrain_vision(policy, task, cfg, rng)
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=ws.lr)
     losses = []
     policy.train()
@@ -101,4 +127,42 @@ def sft(policy: Policy, cfg: TrainConfig) -> list[float]:
         losses.append(loss.item())
         bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
     optimizer.zero_grad(set_to_none=True)  # no stale gradients may reach the RL optimizer
+    return losses
+
+
+def pretrain_vision(policy: Policy, task: Any, cfg: TrainConfig, rng: np.random.Generator) -> list[float]:
+    """``warm_start.vision_steps`` AdamW steps on the vision encoder alone: cross-entropy of a
+    linear head on the pooled image features against the task's ``vision_label``.
+
+    Why: real VLMs start from a pretrained ViT (Qwen2.5-VL, arXiv 2502.13923, §2.2); a randomly
+    initialised tiny tower's features can differ between classes by a few per cent of their norm,
+    and SFT then locks the language model onto the answer prior before it reads them. The head is
+    discarded afterwards; only the encoder's weights change.
+    """
+    from mmrl.config import ConfigError
+    from mmrl.policies.vlm import VLMPolicy
+
+    ws = cfg.warm_start
+    if not isinstance(task, VisionLabels):
+        raise ConfigError(f"warm_start.vision_steps > 0 needs a task with vision_classes and vision_label(); "
+                          f"{cfg.task.name} has none (set warm_start.vision_steps=0)")
+    if not isinstance(policy, VLMPolicy) or policy.lora:
+        raise ConfigError("warm_start.vision_steps > 0 needs the vlm policy with all weights trained (lora_rank 0)")
+    encoder = policy.vision_encoder
+    features = policy.pooled_image_features(task.sample_batch("train", 1, rng)).shape[1]
+    head = torch.nn.Linear(features, task.vision_classes).to(next(encoder.parameters()).device)
+    optimizer = torch.optim.AdamW([*encoder.parameters(), *head.parameters()], lr=ws.vision_lr)
+    losses = []
+    policy.train()
+    bar = tqdm(range(ws.vision_steps), desc="vision pretraining", disable=not cfg.log.progress, dynamic_ncols=True)
+    for _ in bar:
+        examples = task.sample_batch("train", ws.batch_size, rng)
+        labels = torch.tensor([task.vision_label(ex) for ex in examples], device=head.weight.device)
+        loss = torch.nn.functional.cross_entropy(head(policy.pooled_image_features(examples)), labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+        bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
+    optimizer.zero_grad(set_to_none=True)
     return losses

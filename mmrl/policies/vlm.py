@@ -404,6 +404,22 @@ class VLMPolicy(Policy):
         return VLMPayload(self.encode(examples), enc["input_ids"], enc["attention_mask"],
                           torch.ones(len(examples), dtype=torch.float32))
 
+    @property
+    def vision_encoder(self) -> torch.nn.Module:
+        """The vision tower with its patch merger (``model.visual`` in Qwen2-VL / 2.5-VL / 3-VL)."""
+        return self.base_model.model.visual
+
+    def pooled_image_features(self, examples: Sequence[Any]) -> Tensor:
+        """[N, 2·D]: mean and max over each example's merged image tokens (the vectors the LM reads),
+        for one image per example; with gradients into the vision encoder."""
+        prompts = self.encode(examples)
+        if prompts.pixel_values is None or not bool((prompts.images_per_row == 1).all()):
+            raise ValueError("pooled_image_features needs exactly one image per example")
+        device = self.suppressed.device
+        tokens = self.base_model.model.get_image_features(prompts.pixel_values.to(device),
+                                                          prompts.image_grid_thw.to(device)).pooler_output
+        return torch.stack([torch.cat([t.mean(0), t.amax(0)]) for t in tokens])
+
     def sft_loss(self, examples: Sequence[Any], targets: Sequence[str]) -> Tensor:
         payload = self.target_payload(examples, targets)
         out = self.score(payload)

@@ -27,7 +27,7 @@ from mmrl.contracts import IMAGE_PLACEHOLDER, RewardResult
 from mmrl.tasks.curvebench.curves import (CATEGORIES, STYLES, Curve, LayoutError, Pen, _needed_radius, _pack_radius,
                                           draw_curves, layout, layout_problem)
 from mmrl.tasks.curvebench.trees import (Parents, all_topologies, answer_text, canonical_parents, children_map,
-                                         edges_of, judge, random_recursive_tree)
+                                         depth_of, edges_of, judge, random_recursive_tree)
 
 SYSTEM_PROMPT = (
     "Analyze this image and extract the hierarchical tree structure representing the nested regions. "
@@ -213,6 +213,24 @@ class CurveBenchTask:
             return [rows[i] for i in rng.integers(0, len(rows), n).tolist()]
         low = TEST_SEED_START if split == "test" else 0
         return [self.example_from_seed(int(s)) for s in rng.integers(low, low + TEST_SEED_START, n)]
+
+    @property
+    def vision_classes(self) -> int:
+        """Classes of :meth:`vision_label`: (curve count, nesting depth) pairs, both in 1..max_curves."""
+        return self.cfg.max_curves ** 2
+
+    def vision_label(self, example: Any) -> int:
+        """The image's (curve count, deepest nesting) pair as one class, for vision pretraining
+        (``warm_start.vision_steps``). A perception label, not the answer: with 3 curves it does
+        not tell "two siblings, one holding the third" (0, 0, 1) from "one holding two" (0, 1, 1).
+
+        >>> task = CurveBenchTask(CurveBenchConfig(image_size=112, max_curves=3))
+        >>> [(task.example_from_seed(s).parents, task.vision_label(task.example_from_seed(s))) for s in (1, 4, 5, 7)]
+        [((0, 0, 0), 6), ((0, 1, 1), 7), ((0, 0, 1), 7), ((0, 1, 2), 8)]
+        """
+        if example.category != "easy":
+            raise ValueError(f"vision_label is defined for the easy category only, got {example.category!r}")
+        return self.cfg.max_curves * (len(example.parents) - 1) + depth_of(example.parents) - 1
 
     def reference_output(self, example: Any) -> str:
         think = self.cfg.think.format(n=len(example.parents))

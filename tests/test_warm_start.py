@@ -1,0 +1,78 @@
+"""The warm start's vision pretraining (``warm_start.vision_steps``): it leaves the cache keys of
+recipes that do not use it unchanged, trains the vision encoder alone and lowers its loss, and
+refuses tasks without image labels."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from mmrl.config import ConfigError, load_config, to_dict
+from mmrl.registry import make_policy, make_task
+from mmrl.paths import recipes_dir
+from mmrl.warm_start import VisionLabels, cache_root, pretrain_vision, warm_start_key, warm_start_path
+
+QUIET = ["log.progress=false", "log.tensorboard=false"]
+RECIPES = sorted(f"{p.parent.name}/{p.stem}" for p in recipes_dir().glob("*/*.yaml")
+                 if {"task", "policy"} <= set(yaml.safe_load(p.read_text())))  # training recipes only
+
+
+def key_before_vision_pretraining(cfg) -> str:
+    """The cache key as computed before ``vision_steps`` / ``vision_lr`` existed."""
+    ws = {k: v for k, v in to_dict(cfg.warm_start).items() if k not in ("vision_steps", "vision_lr")}
+    return json.dumps({"task": to_dict(cfg.task), "policy": to_dict(cfg.policy), "warm_start": ws}, sort_keys=True)
+
+
+def test_every_recipe_loads_and_most_do_not_pretrain_vision():
+    assert len(RECIPES) > 10
+    assert sum(load_config(r).warm_start.vision_steps == 0 for r in RECIPES) > len(RECIPES) // 2
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_recipes_without_vision_pretraining_keep_their_cache_key(recipe):
+    """Existing cached warm starts must still be found (and not silently retrained differently)."""
+    cfg = load_config(recipe)
+    if cfg.warm_start.vision_steps > 0:
+        pytest.skip(f"{recipe} pretrains its vision encoder (a key of its own)")
+    old = key_before_vision_pretraining(cfg)
+    assert warm_start_key(cfg) == old
+    assert warm_start_path(cfg) == cache_root() / "warm_start" / hashlib.sha256(old.encode()).hexdigest()[:16]
+
+
+def test_vision_pretraining_settings_enter_the_cache_key():
+    off = load_config("curvebench/tiny_cpu", ["warm_start.vision_steps=0"])
+    on = load_config("curvebench/tiny_cpu", ["warm_start.vision_steps=10"])
+    faster = load_config("curvebench/tiny_cpu", ["warm_start.vision_steps=10", "warm_start.vision_lr=1e-2"])
+    paths = {warm_start_path(c) for c in (off, on, faster)}
+    assert len(paths) == 3
+    assert '"vision_lr"' in warm_start_key(on) and '"vision_lr"' not in warm_start_key(off)
+
+
+def test_vision_pretraining_trains_only_the_encoder_and_lowers_its_loss():
+    cfg = load_config("curvebench/tiny_cpu", [*QUIET, "warm_start.vision_steps=40", "warm_start.batch_size=16"])
+    task = make_task(cfg.task.name, cfg.task.args)
+    assert isinstance(task, VisionLabels)
+    policy = make_policy(cfg.policy.name, cfg.policy.args)
+    encoder = {id(p) for p in policy.vision_encoder.parameters()}
+    before = {n: p.detach().clone() for n, p in policy.named_parameters()}
+    losses = pretrain_vision(policy, task, cfg, np.random.default_rng(0))
+    assert len(losses) == 40
+    # chance is log(6) = 1.79 over the 6 (count, depth) pairs of 1-3 curves
+    assert np.mean(losses[-10:]) < np.mean(losses[:10]) - 0.2
+    for name, p in policy.named_parameters():
+        changed = not torch.equal(p.detach(), before[name])
+        assert changed == (id(p) in encoder), name
+    assert all(p.grad is None for p in policy.parameters())
+
+
+def test_vision_pretraining_needs_a_task_with_image_labels():
+    cfg = load_config("vie/tiny_cpu", [*QUIET, "warm_start.vision_steps=2"])
+    task = make_task(cfg.task.name, cfg.task.args)
+    policy = make_policy(cfg.policy.name, cfg.policy.args)
+    with pytest.raises(ConfigError, match="vision_label"):
+        pretrain_vision(policy, task, cfg, np.random.default_rng(0))
