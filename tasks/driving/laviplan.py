@@ -13,21 +13,34 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from PIL import Image
 
 from mmrl.contracts import IMAGE_PLACEHOLDER, RewardResult
+from mmrl.envs.driving.geometry import point_at_arclength, polyline_arclength, polyline_tangents, project_to_polyline
 from mmrl.envs.driving.maps import LAYOUT_BUILDERS, OOD_LAYOUTS, TRAIN_LAYOUTS
 from mmrl.envs.driving.render import render_bev
-from mmrl.envs.driving.world import (SPLITS, Scenario, TrajectoryCheck, check_trajectory, expert_trajectory,
-                                     make_scenario)
+from mmrl.envs.driving.world import (CAR_LENGTH, CAR_WIDTH, SPLITS, Agent, Scenario, TrajectoryCheck, check_trajectory,
+                                     expert_trajectory, make_scenario)
 from mmrl.tasks.driving.laviplan_reward import (ParsedPlan, RewardWeights, format_waypoints, parse_plan,
                                                 planning_metrics, plan_reward)
 
 SEED_SPACE = 2**31 - 1
 CHECK_CACHE = 16384
+LEAD_STREAM = 0x1EAD
+"""Third key of the lead-vehicle generator's stream (split index, seed, LEAD_STREAM): independent of the
+world's own (split, seed) stream, so scenes without a leader are the world's scenes unchanged."""
+GAP_BINS = (12.0, 25.0, 40.0)
+"""Bumper-gap bins (metres) of the perception label (:meth:`LaviPlanTask.vision_label`)."""
+GAP_WORDS = ("lead near", "lead mid", "lead far", "clear")
+"""The ``{lead}`` think field per perception label (what is seen ahead, not what to do); one or two
+words, so the whole answer fits in 48 new tokens of the tiny tokenizer."""
+CORRIDOR = 2.0
+"""A vehicle whose centre is within this many metres of the ego's route is in the ego's path."""
+BRAKE = 4.0
+"""m/s²: the expert lattice's hardest braking (world._speed_profile), used to keep a stop possible."""
 """World verdicts kept per task (sampled groups repeat plans): (split, seed, waypoints) → check."""
 
 
@@ -40,7 +53,16 @@ class LaviPlanConfig(RewardWeights):
     decimals: int = 0
     """Decimals of the reference answers (0: whole metres, short for tiny models; 1 for real VLMs)."""
     image_size: int = 64
-    """Side of the BEV raster (1 m per pixel)."""
+    """Side of the BEV raster in pixels."""
+    metres_per_px: float = 1.0
+    """Raster scale. The ego sits at 0.75·image_size rows from the top, so 0.75·image_size·metres_per_px
+    metres ahead are in view (84 px at 0.5 m/px: 31.5 m ahead, ±21 m sideways, 3×3 image tokens of
+    the tiny VLM, the ego's lane in the middle column)."""
+    lead_share: float = 0.0
+    """Share of ``train`` / ``test`` scenes with a slow or stopped lead vehicle on the ego's route ahead
+    (a queue / crawling car: the scenes where collisions come from, docs/results.md). Drawn per scene
+    from its own seeded stream; the gap lets the expert stop (≥ v²/(2·4 m/s²) + 2 m bumper to bumper)
+    and varies up to 20 m beyond, so how much to slow must be read from the image. OOD splits unchanged."""
     success_fde: float = 2.0
     """A plan succeeds when it is usable, collision- and off-road-free, and FDE < this (metres)."""
     max_abs_coord: float = 100.0
@@ -51,7 +73,9 @@ class LaviPlanConfig(RewardWeights):
     its own speed; nuScenes-style VLM planners put the ego state in the prompt)."""
     think: str = "{instruction}"
     """Template of the reference answers' think block; fields ``{instruction}``, ``{maneuver}``,
-    ``{speed}`` (the ego speed in whole m/s). Short templates keep a tiny model's answers short."""
+    ``{speed}`` (the ego speed in whole m/s), ``{lead}`` (the perception label in words: "lead near" / "lead mid" /
+    "lead far" for a vehicle in the ego's path < 12 / 12–25 / 25–40 m ahead, "clear"; :data:`GAP_WORDS`). Short templates keep a tiny model's answers short. The think is
+    only a supervised target: the model writes it from the image and prompt, the reward ignores it."""
     layouts: tuple[str, ...] = ()
     """Training layouts to keep (e.g. ``[straight, merge]``); empty: all. Scenes of other layouts are
     skipped by drawing further seeds (an easy setting for tiny models); the ``ood_layout`` split
@@ -77,6 +101,7 @@ class PlanExample:
     horizon: int = 4
     dt: float = 0.5
     speed_in_prompt: bool = False
+    has_lead: bool = False  # a lead vehicle was added (task.args.lead_share)
 
     @property
     def speed(self) -> int:
@@ -99,6 +124,43 @@ class PlanExample:
         return None
 
 
+def with_lead_vehicle(scenario: Scenario, share: float, rng: np.random.Generator) -> Scenario:
+    """``scenario`` with, in a ``share`` of draws, a slow or stopped vehicle on the ego's route ahead.
+
+    Speed U(0, 3) m/s and the same desired speed (IDM keeps it crawling); bumper gap v²/(2·4) + 2 +
+    U(0, 20) m for ego speed v, so the lattice expert (hardest braking 4 m/s², 1 m margin) can always
+    stop behind it and sometimes need not slow at all. Background vehicles within 10 m of it are
+    removed (no overlapping spawn). Returns ``scenario`` unchanged otherwise."""
+    if rng.random() >= share:
+        return scenario
+    v = float(scenario.ego[3])
+    s_ego = float(project_to_polyline(scenario.ego[None, :2], scenario.route)[0][0])
+    s_lead = s_ego + CAR_LENGTH + v * v / (2 * BRAKE) + 2.0 + float(rng.uniform(0.0, 20.0))
+    s_lead = min(s_lead, float(polyline_arclength(scenario.route)[-1]) - 1.0)
+    xy = point_at_arclength(scenario.route, np.array(s_lead))
+    heading = float(polyline_tangents(scenario.route)[min(int(round(s_lead)), len(scenario.route) - 1)])
+    speed = float(rng.uniform(0.0, 3.0))
+    lead = Agent(float(xy[0]), float(xy[1]), heading, speed, CAR_LENGTH, CAR_WIDTH, scenario.route, speed)
+    others = tuple(a for a in scenario.agents if np.hypot(a.x - lead.x, a.y - lead.y) >= 10.0)
+    return replace(scenario, agents=(lead, *others))
+
+
+def lead_gap(scenario: Scenario) -> float:
+    """Bumper gap (m) along the ego's route to the nearest vehicle ahead in its path (centre within
+    ``CORRIDOR`` m of the route, heading within 60° of the route's), inf when none."""
+    if not scenario.agents:
+        return float("inf")
+    s_ego = float(project_to_polyline(scenario.ego[None, :2], scenario.route)[0][0])
+    xy = np.array([[a.x, a.y] for a in scenario.agents])
+    s, lateral, tangent = project_to_polyline(xy, scenario.route)
+    heading = np.array([a.heading for a in scenario.agents])
+    aligned = np.cos(heading - tangent) > 0.5
+    lengths = np.array([a.length for a in scenario.agents])
+    gaps = s - s_ego - (CAR_LENGTH + lengths) / 2
+    ahead = (np.abs(lateral) < CORRIDOR) & aligned & (s > s_ego)
+    return float(gaps[ahead].min()) if ahead.any() else float("inf")
+
+
 class LaviPlanTask:
     id = "driving/laviplan-v0"
 
@@ -111,15 +173,18 @@ class LaviPlanTask:
         if unknown:
             raise ValueError(f"task.args.layouts: unknown layout(s) {unknown}; known: {sorted(LAYOUT_BUILDERS)}")
         try:
-            cfg.think.format(instruction="", maneuver="", speed=0)
+            cfg.think.format(instruction="", maneuver="", speed=0, lead="")
         except (KeyError, IndexError, ValueError) as err:
-            raise ValueError(f"task.args.think {cfg.think!r}: only {{instruction}}, {{maneuver}}, {{speed}} may "
+            raise ValueError(f"task.args.think {cfg.think!r}: only {{instruction}}, {{maneuver}}, {{speed}}, {{lead}} may "
                              f"appear ({err})") from err
         if cfg.agents and not (len(cfg.agents) == 2 and 0 <= cfg.agents[0] <= cfg.agents[1] <= 30):
             raise ValueError(f"task.args.agents must be [low, high] with 0 <= low <= high <= 30, "
                              f"got {list(cfg.agents)}")
         if cfg.train_pool < 0:
             raise ValueError(f"task.args.train_pool must be >= 0, got {cfg.train_pool}")
+        if not 0.0 <= cfg.lead_share <= 1.0 or not cfg.metres_per_px > 0:
+            raise ValueError(f"task.args: need 0 <= lead_share <= 1 and metres_per_px > 0; got {cfg.lead_share}, "
+                             f"{cfg.metres_per_px}")
         self.cfg = cfg
         self.reward_range = cfg.score_range
         self._pool: dict[int, PlanExample | None] = {}  # train seed → example (None: layout filtered out)
@@ -157,9 +222,24 @@ class LaviPlanTask:
         scenario = make_scenario(int(seed), split, n_agents)  # the world keys its stream by (split, seed)
         if keep and scenario.road.layout not in keep:
             return None
+        plain = scenario
+        if cfg.lead_share > 0 and split in ("train", "test"):
+            scenario = with_lead_vehicle(scenario, cfg.lead_share,
+                                         np.random.default_rng([SPLITS.index(split), int(seed), LEAD_STREAM]))
         expert = expert_trajectory(scenario, cfg.horizon * cfg.dt, cfg.dt)
-        image = Image.fromarray(render_bev(scenario, size=cfg.image_size))
-        return PlanExample(scenario, split, expert, image, cfg.horizon, cfg.dt, cfg.speed_in_prompt)
+        image = Image.fromarray(render_bev(scenario, size=cfg.image_size, metres_per_px=cfg.metres_per_px))
+        return PlanExample(scenario, split, expert, image, cfg.horizon, cfg.dt, cfg.speed_in_prompt,
+                           scenario is not plain)
+
+    vision_classes = len(GAP_BINS) + 1
+
+    def vision_label(self, example: PlanExample) -> int:
+        """Perception label for ``warm_start.vision_steps``: the bumper gap to the vehicle ahead in the
+        ego's path, binned (0: < 12 m, 1: 12–25 m, 2: 25–40 m, 3: none within 40 m). A fact of the
+        picture, not the answer: how much to slow also depends on the ego's and the leader's speeds
+        (driving stacks pretrain perception on such labels before planning; here because a randomly
+        initialised tiny vision tower reads nothing, docs/results.md)."""
+        return int(np.searchsorted(GAP_BINS, lead_gap(example.scenario), side="right"))
 
     def check(self, example: PlanExample, waypoints: np.ndarray) -> TrajectoryCheck:
         """The world's verdict on ``waypoints`` [T, 2] for ``example`` (memoised: a scene is a pure
@@ -191,7 +271,7 @@ class LaviPlanTask:
 
     def reference_output(self, example: PlanExample) -> str:
         think = self.cfg.think.format(instruction=example.scenario.instruction, maneuver=example.scenario.maneuver,
-                                      speed=example.speed)
+                                      speed=example.speed, lead=GAP_WORDS[self.vision_label(example)])
         return f"<think>{think}</think><answer>{format_waypoints(example.expert, self.cfg.decimals)}</answer>"
 
     def metrics(self, examples: Sequence[PlanExample], outputs: Sequence[str],

@@ -184,3 +184,69 @@ def test_train_driving_script_trains_other_recipes_without_a_plan_gif(tmp_path, 
     with pytest.raises(SystemExit) as exit_info:
         runpy.run_path(str(ROOT / "scripts" / "train_driving.py"), run_name="__main__")
     assert exit_info.value.code == 0 and (out / "curves.png").is_file() and not (out / "plans.gif").exists()
+
+
+def lead_of(example):
+    """The added lead vehicle of a scene (the first agent when there is one), or None."""
+    return example.scenario.agents[0] if example.has_lead else None
+
+
+def test_lead_vehicle_scenes_have_the_stated_share_are_seeded_and_make_the_expert_slow():
+    from mmrl.envs.driving.world import expert_trajectory, make_scenario
+
+    args = {"horizon": 3, "dt": 1.0, "lead_share": 0.4}
+    task = make_task("driving/laviplan-v0", args)
+    examples = task.sample_batch("test", 60, np.random.default_rng(0))
+    leads = [e for e in examples if lead_of(e) is not None]
+    assert 0.2 <= len(leads) / len(examples) <= 0.6  # 0.4 ± 3 binomial SE (0.063)
+    again = make_task("driving/laviplan-v0", args).sample_batch("test", 60, np.random.default_rng(0))
+    assert [lead_of(e) is None for e in examples] == [lead_of(e) is None for e in again]
+    for a, b in zip(examples, again):
+        np.testing.assert_array_equal(a.expert, b.expert)
+    slowed = 0
+    for e in examples:
+        base = make_scenario(e.scenario.seed, "test")
+        free = expert_trajectory(base, 3.0, 1.0)
+        if lead_of(e) is None:  # scenes without a leader are the world's scenes unchanged
+            assert len(e.scenario.agents) == len(base.agents)
+            np.testing.assert_array_equal(e.expert, free)
+            continue
+        lead = lead_of(e)
+        assert lead.speed <= 3.0 and lead.desired_speed == lead.speed
+        assert not task.check(e, e.expert).collision  # the expert can always stop behind it
+        slowed += e.expert[-1, 0] < free[-1, 0] - 1.0
+        if task.check(e, free).collision:  # driving on at free-flow speed hits the leader: the expert slowed
+            assert e.expert[-1, 0] < free[-1, 0] - 1.0
+    assert slowed >= len(leads) / 3
+    # the OOD splits keep their definitions
+    ood = task.sample_batch("ood_dense", 4, np.random.default_rng(0))
+    assert all(lead_of(e) is None for e in ood)
+
+
+def test_raster_scale_and_lead_share_are_options():
+    task = make_task("driving/laviplan-v0", {"image_size": 84, "metres_per_px": 0.6})
+    e = task.sample_batch("test", 1, np.random.default_rng(0))[0]
+    assert e.image.size == (84, 84)
+    with pytest.raises(ValueError, match="lead_share"):
+        make_task("driving/laviplan-v0", {"lead_share": 1.5})
+    with pytest.raises(ValueError, match="metres_per_px"):
+        make_task("driving/laviplan-v0", {"metres_per_px": 0.0})
+
+
+def test_perception_label_and_think_field_describe_the_gap_ahead():
+    from mmrl.tasks.driving.laviplan import GAP_WORDS, lead_gap
+
+    task = make_task("driving/laviplan-v0", {"horizon": 3, "dt": 1.0, "lead_share": 1.0, "think": "{speed} m/s, {lead}"})
+    assert task.vision_classes == len(GAP_WORDS) == 4
+    for e in task.sample_batch("test", 8, np.random.default_rng(2)):
+        lead = lead_of(e)
+        gap = lead_gap(e.scenario)
+        # the added leader sits on the route ahead: the gap is at most its bumper gap (another car may be nearer)
+        s = np.hypot(lead.x - e.scenario.ego[0], lead.y - e.scenario.ego[1])
+        assert gap <= s - 4.5 + 0.5
+        label = task.vision_label(e)
+        assert label == int(np.searchsorted((12.0, 25.0, 40.0), gap, side="right")) and label < 3
+        assert task.reference_output(e).startswith(f"<think>{e.speed} m/s, {GAP_WORDS[label]}</think><answer>")
+    clear = make_task("driving/laviplan-v0", {"horizon": 3, "dt": 1.0})
+    labels = [clear.vision_label(e) for e in clear.sample_batch("test", 12, np.random.default_rng(0))]
+    assert 3 in labels  # most plain scenes have nobody in the ego's path within 40 m
