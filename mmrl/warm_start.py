@@ -150,7 +150,9 @@ def pretrain_vision(policy: Policy, task: Any, cfg: TrainConfig, rng: np.random.
         raise ConfigError("warm_start.vision_steps > 0 needs the vlm policy with all weights trained (lora_rank 0)")
     encoder = policy.vision_encoder
     features = policy.pooled_image_features(task.sample_batch("train", 1, rng)).shape[1]
-    head = torch.nn.Linear(features, task.vision_classes).to(next(encoder.parameters()).device)
+    with torch.random.fork_rng(devices=[]):  # the head's init is seeded; the global RNG is left as it was
+        torch.manual_seed(ws.seed)
+        head = torch.nn.Linear(features, task.vision_classes).to(next(encoder.parameters()).device)
     optimizer = torch.optim.AdamW([*encoder.parameters(), *head.parameters()], lr=ws.vision_lr)
     losses = []
     policy.train()

@@ -76,3 +76,14 @@ def test_vision_pretraining_needs_a_task_with_image_labels():
     policy = make_policy(cfg.policy.name, cfg.policy.args)
     with pytest.raises(ConfigError, match="vision_label"):
         pretrain_vision(policy, task, cfg, np.random.default_rng(0))
+
+
+def test_vision_pretraining_is_deterministic_whatever_the_global_rng():
+    cfg = load_config("curvebench/tiny_cpu", [*QUIET, "warm_start.vision_steps=3", "warm_start.batch_size=4"])
+    task = make_task(cfg.task.name, cfg.task.args)
+    runs = []
+    for global_seed in (1, 2):
+        torch.manual_seed(global_seed)
+        policy = make_policy(cfg.policy.name, cfg.policy.args)
+        runs.append(pretrain_vision(policy, task, cfg, np.random.default_rng(0)))
+    assert runs[0] == runs[1]
