@@ -23,7 +23,7 @@ from torch import Tensor
 
 from mmrl import checkpoint as ckpt
 from mmrl.algos import (ADVANTAGE_ESTIMATORS, GAUSSIAN_KL_ESTIMATORS, POLICY_LOSSES, SHAPING_HOOKS, AdvantageInputs,
-                        ShapingContext, aggregate, groups_with_signal, kl_penalty, overlong_penalty,
+                        ShapingContext, aggregate, drift_gate, groups_with_signal, kl_penalty, overlong_penalty,
                         truncated_is_weights, value_loss)
 from mmrl.algos.variants import (LOSS_TERMS, REHEARSAL_DIVERGENCES, ROLLOUT_STRATEGIES, TEMPERATURE_SCHEDULES,
                                  LossTermInputs, LossTermRows, PromptHistory, PromptTemperatures, algo_needs,
@@ -96,6 +96,9 @@ class Trainer:
         self.task = make_task(cfg.task.name, cfg.task.args)
         policy = build_initial_policy(cfg, self.engine.device, self.engine.is_main, self.engine.wait)
         self.ref = copy.deepcopy(policy).eval().requires_grad_(False) if t.ref_model == "copy" else None
+        if cfg.algo.bc_coef > 0 and t.ref_model == "none":
+            raise ConfigError("algo.bc_coef > 0 gates the BC regulariser by the KL to a reference: set "
+                              "trainer.ref_model: copy (or adapter_disabled); algo.kl_coef may stay 0")
         if t.ref_model == "adapter_disabled":
             with policy.adapter_disabled():  # fails now, clearly, for a policy without adapters
                 pass
@@ -535,6 +538,13 @@ class Trainer:
             loss_kl = aggregate(kl, mask, a.loss_agg, **denominators)
             total = total + a.kl_coef * loss_kl
             terms |= {"loss/kl": loss_kl.item(), "policy/kl_ref": float((kl.detach() * mask).sum() / mask.sum().clamp(min=1))}
+            if a.bc_coef > 0:  # VLA-RFT's drift-gated BC term, weighted so a minibatch adds it once
+                gate = drift_gate(terms["policy/kl_ref"], a.bc_kl_threshold)
+                terms["policy/bc_gate"] = gate
+                if gate > 0:
+                    loss_bc = self.bc_loss()
+                    total = total + a.bc_coef * gate * loss_bc * (rows.num_rows / denominators["num_seqs"])
+                    terms["loss/bc"] = loss_bc.item()
         if out.entropy is not None:
             loss_ent = aggregate(out.entropy.float(), mask, a.loss_agg, **denominators)
             if a.entropy_coef:
@@ -551,6 +561,14 @@ class Trainer:
         terms["loss/total"] = total.item()
         terms["loss/total_tensor"] = total
         return terms
+
+    def bc_loss(self) -> Tensor:
+        """The policy's supervised loss on ``algo.bc_batch_size`` reference outputs of training examples,
+        drawn with a seed of the step and the policy version (the same after ``--resume``)."""
+        rng = np.random.default_rng(derive_seed(self.cfg.trainer.seed, self.step, self.policy.version, 23))
+        examples = self.task.sample_batch("train", self.cfg.algo.bc_batch_size, rng)
+        with self.engine.autocast():
+            return self.policy.sft_loss(examples, [self.task.reference_output(e) for e in examples]).float()
 
     def optimizer_step(self) -> float:
         """Clip, then step, unless the gradient is not finite: then skip and count it."""

@@ -12,7 +12,8 @@ from mmrl.algos.aggregation import AGGREGATIONS, aggregate
 from mmrl.algos.config import AlgoConfig
 from mmrl.algos.losses import POLICY_LOSSES, clipped_surrogate, truncated_is_weights
 from mmrl.algos.masked import group_mean_std, masked_mean, masked_whiten
-from mmrl.algos.regularizers import KL_ESTIMATORS, entropy_from_logits, explained_variance, kl_penalty, value_loss
+from mmrl.algos.regularizers import (KL_ESTIMATORS, drift_gate, entropy_from_logits, explained_variance, kl_penalty,
+                                     value_loss)
 from mmrl.algos.sampling import groups_with_signal, overlong_penalty
 from mmrl.algos.shaping import SHAPING_HOOKS, ShapingContext
 from mmrl.algos import variants  # noqa: E402,F401  (registers the paper variants on the axes above)

@@ -56,6 +56,16 @@ class AlgoConfig:
     gaussian_mean: closed-form KL of Gaussian decisions from their means (Flow-GRPO; diffusion policies)."""
     entropy_coef: float = 0.0
     """Entropy bonus coefficient (loss −= coef·entropy)."""
+    bc_coef: float = 0.0
+    """Drift-gated behaviour-cloning regulariser (VLA-RFT, Li et al. 2025, ``use_mse_loss``, coef 0.01 on
+    its flow-matching loss): loss += bc_coef · clamp(KL / bc_kl_threshold, 0, 1) · the policy's
+    ``sft_loss`` on ``bc_batch_size`` of the task's reference outputs (training examples). KL is the
+    ``kl_estimator`` mean of π_θ vs the reference model on the update's rows, so it needs
+    ``trainer.ref_model`` (``kl_coef`` may stay 0). 0 disables it."""
+    bc_kl_threshold: float = 0.2
+    """KL at which the BC regulariser is fully on (VLA-RFT: 0.2)."""
+    bc_batch_size: int = 16
+    """Reference outputs per BC regulariser term (one draw per optimizer step)."""
     value_coef: float = 0.5
     """Weight of the value loss when the policy has a value head (PPO with GAE)."""
     value_clip: float | None = 0.2

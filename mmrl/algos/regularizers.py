@@ -50,6 +50,19 @@ def kl_penalty(logp: Tensor, ref_logp: Tensor, estimator: str) -> Tensor:
     return KL_ESTIMATORS.get(estimator)(logp, ref_logp)
 
 
+def drift_gate(drift: float, threshold: float) -> float:
+    """Weight of VLA-RFT's behaviour-cloning regulariser (Li et al. 2025, ``dp_actor.py`` ``use_mse_loss``):
+    clamp(drift / threshold, 0, 1): off while the policy stays near its reference, ramping in linearly as
+    the KL ``drift`` grows, full from ``threshold`` on (VLA-RFT: 0.2).
+
+    >>> drift_gate(0.05, 0.2), drift_gate(-0.01, 0.2), drift_gate(0.5, 0.2)
+    (0.25, 0.0, 1.0)
+    """
+    if threshold <= 0:
+        raise ValueError(f"drift threshold must be > 0, got {threshold}")
+    return float(min(max(drift / threshold, 0.0), 1.0))
+
+
 def entropy_from_logits(logits: Tensor) -> Tensor:
     """Entropy of the categorical distribution per position ([..., V] → [...])."""
     logp = F.log_softmax(logits.float(), dim=-1)

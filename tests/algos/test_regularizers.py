@@ -152,3 +152,12 @@ def test_explained_variance():
     # V = [1, 2, 4]: residual [0, 0, −1], mean −1/3, Var = (1/9 + 1/9 + 4/9)/3 = 2/9; Var[R] = 2/3
     # → 1 − (2/9)/(2/3) = 1 − 1/3 = 2/3
     assert explained_variance(t([1.0, 2.0, 4.0, -50.0]), target, mask).item() == pytest.approx(2 / 3)
+
+
+def test_drift_gate_ramps_from_zero_to_one_at_the_threshold():
+    from mmrl.algos.regularizers import drift_gate
+
+    # VLA-RFT's clamp((KL − 0) / (0.2 − 0), 0, 1)
+    assert [drift_gate(kl, 0.2) for kl in (-0.1, 0.0, 0.05, 0.1, 0.2, 3.0)] == pytest.approx([0, 0, 0.25, 0.5, 1, 1])
+    with pytest.raises(ValueError, match="threshold"):
+        drift_gate(0.1, 0.0)
