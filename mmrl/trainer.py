@@ -35,7 +35,7 @@ from mmrl.evaluate import pass_at_k, rollout_metrics, verify
 from mmrl.logging import RunLogger, truncate_metrics
 from mmrl.registry import make_task
 from mmrl.rollout import Rollout, SamplingParams
-from mmrl.warm_start import build_initial_policy
+from mmrl.warm_start import build_initial_policy, warm_start_examples
 
 
 @dataclass
@@ -99,6 +99,10 @@ class Trainer:
         if cfg.algo.bc_coef > 0 and t.ref_model == "none":
             raise ConfigError("algo.bc_coef > 0 gates the BC regulariser by the KL to a reference: set "
                               "trainer.ref_model: copy (or adapter_disabled); algo.kl_coef may stay 0")
+        if cfg.algo.bc_coef > 0 and cfg.warm_start.sft_steps <= 0:
+            raise ConfigError("algo.bc_coef > 0 regularises toward the warm start's own examples (VLA-RFT reuses "
+                              "the SFT data): it needs warm_start.sft_steps > 0")
+        self.bc_pool = warm_start_examples(self.task, cfg) if cfg.algo.bc_coef > 0 else []
         if t.ref_model == "adapter_disabled":
             with policy.adapter_disabled():  # fails now, clearly, for a policy without adapters
                 pass
@@ -563,10 +567,11 @@ class Trainer:
         return terms
 
     def bc_loss(self) -> Tensor:
-        """The policy's supervised loss on ``algo.bc_batch_size`` reference outputs of training examples,
-        drawn with a seed of the step and the policy version (the same after ``--resume``)."""
+        """The policy's supervised loss on ``algo.bc_batch_size`` of the warm start's own examples and
+        reference outputs (no new data: for robot tasks no new real-simulator step), drawn with a seed of
+        the step and the policy version (the same after ``--resume``)."""
         rng = np.random.default_rng(derive_seed(self.cfg.trainer.seed, self.step, self.policy.version, 23))
-        examples = self.task.sample_batch("train", self.cfg.algo.bc_batch_size, rng)
+        examples = [self.bc_pool[i] for i in rng.choice(len(self.bc_pool), self.cfg.algo.bc_batch_size)]
         with self.engine.autocast():
             return self.policy.sft_loss(examples, [self.task.reference_output(e) for e in examples]).float()
 

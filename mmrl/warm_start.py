@@ -130,6 +130,20 @@ def sft(policy: Policy, cfg: TrainConfig) -> list[float]:
     return losses
 
 
+def warm_start_examples(task: Any, cfg: TrainConfig) -> list[Any]:
+    """The training examples :func:`sft` draws, in order: the same ``task.sample_batch`` calls on the
+    same generator (vision pretraining's draws replayed and skipped), without training. A
+    regulariser toward the warm start's data (``algo.bc_coef``) reuses exactly these, so it needs no
+    new reference outputs (for robot tasks: no new real-simulator demonstrations)."""
+    ws = cfg.warm_start
+    rng = np.random.default_rng(ws.seed)
+    if ws.vision_steps > 0:
+        task.sample_batch("train", 1, rng)
+        for _ in range(ws.vision_steps):
+            task.sample_batch("train", ws.batch_size, rng)
+    return [ex for _ in range(ws.sft_steps) for ex in task.sample_batch("train", ws.batch_size, rng)]
+
+
 def pretrain_vision(policy: Policy, task: Any, cfg: TrainConfig, rng: np.random.Generator) -> list[float]:
     """``warm_start.vision_steps`` AdamW steps on the vision encoder alone: cross-entropy of a
     linear head on the pooled image features against the task's ``vision_label``.

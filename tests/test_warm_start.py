@@ -87,3 +87,23 @@ def test_vision_pretraining_is_deterministic_whatever_the_global_rng():
         policy = make_policy(cfg.policy.name, cfg.policy.args)
         runs.append(pretrain_vision(policy, task, cfg, np.random.default_rng(0)))
     assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("vision_steps", [0, 2])
+def test_warm_start_examples_replays_exactly_what_sft_trained_on(monkeypatch, vision_steps):
+    """The BC regulariser (algo.bc_coef) reuses the warm start's data; its replay must be that data."""
+    from mmrl.warm_start import sft, warm_start_examples
+
+    cfg = load_config("curvebench/tiny_cpu", [*QUIET, f"warm_start.vision_steps={vision_steps}",
+                                              "warm_start.sft_steps=3", "warm_start.batch_size=2"])
+    policy = make_policy(cfg.policy.name, cfg.policy.args)
+    seen = []
+
+    def recording_sft_loss(examples, targets):
+        seen.extend(examples)
+        return sum(p.sum() for p in policy.parameters()) * 0.0
+
+    monkeypatch.setattr(policy, "sft_loss", recording_sft_loss)
+    sft(policy, cfg)
+    replay = warm_start_examples(make_task(cfg.task.name, cfg.task.args), cfg)
+    assert len(replay) == 6 and [ex.seed for ex in replay] == [ex.seed for ex in seen]

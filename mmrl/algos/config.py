@@ -59,7 +59,8 @@ class AlgoConfig:
     bc_coef: float = 0.0
     """Drift-gated behaviour-cloning regulariser (VLA-RFT, Li et al. 2025, ``use_mse_loss``, coef 0.01 on
     its flow-matching loss): loss += bc_coef · clamp(KL / bc_kl_threshold, 0, 1) · the policy's
-    ``sft_loss`` on ``bc_batch_size`` of the task's reference outputs (training examples). KL is the
+    ``sft_loss`` on ``bc_batch_size`` of the warm start's own examples and reference outputs (the SFT data
+    reused, as VLA-RFT does: no new demonstrations; needs ``warm_start.sft_steps`` > 0). KL is the
     ``kl_estimator`` mean of π_θ vs the reference model on the update's rows, so it needs
     ``trainer.ref_model`` (``kl_coef`` may stay 0). 0 disables it."""
     bc_kl_threshold: float = 0.2
