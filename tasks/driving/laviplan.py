@@ -11,6 +11,7 @@ choices are INFERRED and documented there.
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -24,8 +25,8 @@ from mmrl.envs.driving.maps import LAYOUT_BUILDERS, OOD_LAYOUTS, TRAIN_LAYOUTS
 from mmrl.envs.driving.render import render_bev
 from mmrl.envs.driving.world import (CAR_LENGTH, CAR_WIDTH, SPLITS, Agent, Scenario, TrajectoryCheck, check_trajectory,
                                      expert_trajectory, make_scenario)
-from mmrl.tasks.driving.laviplan_reward import (ParsedPlan, RewardWeights, format_waypoints, parse_plan,
-                                                planning_metrics, plan_reward)
+from mmrl.tasks.driving.laviplan_reward import (MAX_OUTPUT_CHARS, ParsedPlan, RewardWeights, format_waypoints,
+                                                parse_plan, planning_metrics, plan_reward)
 
 SEED_SPACE = 2**31 - 1
 CHECK_CACHE = 16384
@@ -35,6 +36,7 @@ world's own (split, seed) stream, so scenes without a leader are the world's sce
 GAP_BINS = (12.0, 25.0, 40.0)
 """Bumper-gap bins (metres) of the perception label (:meth:`LaviPlanTask.vision_label`)."""
 GAP_WORDS = ("lead near", "lead mid", "lead far", "clear")
+THINK_BLOCK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
 """The ``{lead}`` think field per perception label (what is seen ahead, not what to do); one or two
 words, so the whole answer fits in 48 new tokens of the tiny tokenizer."""
 CORRIDOR = 2.0
@@ -258,16 +260,30 @@ class LaviPlanTask:
         """The plan an output states (waypoints [T, 2] or None with the reason); never raises."""
         return parse_plan(output, self.cfg.horizon, self.cfg.max_abs_coord)
 
-    def _score(self, example: PlanExample, plan: ParsedPlan) -> RewardResult:
+    def _score(self, example: PlanExample, plan: ParsedPlan, perceived: bool = False) -> RewardResult:
         if plan.waypoints is None:
             return plan_reward(plan, example.expert, False, False, self.cfg)
         check = self.check(example, plan.waypoints)
         if not check.valid:  # the world refused the plan (shape, NaN, too far): unusable, with its reason
             return plan_reward(ParsedPlan(None, False, check.reason), example.expert, False, False, self.cfg)
-        return plan_reward(plan, example.expert, check.collision, check.offroad, self.cfg)
+        return plan_reward(plan, example.expert, check.collision, check.offroad, self.cfg, perceived)
+
+    def perceived(self, example: PlanExample, output: object) -> bool:
+        """The output's think block names exactly one of :data:`GAP_WORDS`, and it is the scene's
+        (``perception_weight``: a verifiable check of the reasoning's perception statement; naming
+        several words, or the right one outside the think, does not count)."""
+        if not isinstance(output, str) or len(output) > MAX_OUTPUT_CHARS:
+            return False
+        thinks = THINK_BLOCK.findall(output)
+        if len(thinks) != 1 or "<think>" in thinks[0]:
+            return False
+        stated = [w for w in GAP_WORDS if w in thinks[0]]
+        return stated == [GAP_WORDS[self.vision_label(example)]]
 
     def reward(self, example: PlanExample, output: str) -> RewardResult:
-        return self._score(example, self.parse(output))
+        plan = self.parse(output)  # the perception credit needs a well-formed output (one think, one answer)
+        perceived = self.cfg.perception_weight > 0 and plan.well_formed and self.perceived(example, output)
+        return self._score(example, plan, perceived)
 
     def reference_output(self, example: PlanExample) -> str:
         think = self.cfg.think.format(instruction=example.scenario.instruction, maneuver=example.scenario.maneuver,
@@ -277,4 +293,7 @@ class LaviPlanTask:
     def metrics(self, examples: Sequence[PlanExample], outputs: Sequence[str],
                 results: Sequence[RewardResult]) -> dict[str, float]:
         plans = [self.parse(o) for o in outputs]
-        return planning_metrics(plans, [e.expert for e in examples], results, self.cfg.success_fde)
+        metrics = planning_metrics(plans, [e.expert for e in examples], results, self.cfg.success_fde)
+        if "{lead}" in self.cfg.think:  # does the reasoning still state what the picture shows?
+            metrics["perception_accuracy"] = float(np.mean([self.perceived(e, o) for e, o in zip(examples, outputs)]))
+        return metrics
