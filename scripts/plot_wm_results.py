@@ -2,8 +2,13 @@
 consumed, for the BC warm start, RL in MuJoCo and RFT inside the learned world model; writes
 docs/img/wm_rft_real_steps.png and prints the table behind it.
 
-    python scripts/plot_wm_results.py --bc-steps 27706 --world-model runs/wm/reach_l1 \\
-        --mujoco runs/world_model/mujoco_grpo_seed0 --rft runs/world_model/rft_seed0
+    python scripts/plot_wm_results.py --bc-steps 13275 --world-model runs/wm/reach_demos \\
+        --mujoco runs/world_model/mujoco_grpo_seed0 --rft runs/world_model/rft_seed0 \\
+        runs/world_model/rft_cov_seed0:runs/wm/reach_demos_cov
+
+An ``--rft`` entry ``RUN:WORLD_MODEL`` names the world model that run used (default ``--world-model``).
+Success is greedy, in the real simulator; the curves show the mean over the five splits (test and
+the four OOD variants, 5 × 64 episodes), the bars each split at the last eval.
 
 Real-simulator steps counted per arm (evaluation episodes are not counted for any arm):
 
@@ -37,6 +42,11 @@ def success(row: dict, split: str) -> float:
     return row["eval/success_rate"] if split == "test" else row[f"eval/{split}/success_rate"]
 
 
+def mean_success(row: dict) -> float:
+    """Greedy real-sim success averaged over the five splits (5 × 64 episodes)."""
+    return float(np.mean([success(row, s) for s in SPLITS]))
+
+
 def mujoco_points(run: Path, bc_steps: int) -> list[tuple[int, int, dict]]:
     """(RL step, real steps, eval row) of an RL-in-MuJoCo run."""
     rows, used, points = read_metrics(run), 0, []
@@ -60,37 +70,41 @@ def main() -> None:
     parser.add_argument("--rft", nargs="+", required=True, help="RFT-in-world-model run folders")
     parser.add_argument("--out", default="docs/img/wm_rft_real_steps.png")
     args = parser.parse_args()
-    wm_steps = world_model_own_steps(json.loads((Path(args.world_model) / "train_log.json").read_text()))
     arms = {f"RL in MuJoCo ({Path(r).name})": mujoco_points(Path(r), args.bc_steps) for r in args.mujoco}
-    arms |= {f"RFT in world model ({Path(r).name})": rft_points(Path(r), args.bc_steps, wm_steps) for r in args.rft}
+    for entry in args.rft:
+        run, _, world_model = entry.partition(":")
+        log = json.loads((Path(world_model or args.world_model) / "train_log.json").read_text())
+        arms[f"RFT in WM ({Path(run).name})"] = rft_points(Path(run), args.bc_steps, world_model_own_steps(log))
     bc = next(iter(arms.values()))[0][2]
 
-    print("| arm | RL step | real-sim steps | " + " | ".join(SPLITS) + " |")
-    print("|---|---|---|" + "---|" * len(SPLITS))
-    print(f"| BC warm start | 0 | {args.bc_steps:,} | " + " | ".join(f"{success(bc, s):.3f}" for s in SPLITS) + " |")
+    print("| arm | RL step | real-sim steps | " + " | ".join(SPLITS) + " | 5-split mean |")
+    print("|---|---|---|" + "---|" * (len(SPLITS) + 1))
+    print(f"| BC warm start | 0 | {args.bc_steps:,} | " + " | ".join(f"{success(bc, s):.3f}" for s in SPLITS)
+          + f" | {mean_success(bc):.3f} |")
     for name, points in arms.items():
         for step, real, row in points[1:]:
-            print(f"| {name} | {step} | {real:,} | " + " | ".join(f"{success(row, s):.3f}" for s in SPLITS) + " |")
+            print(f"| {name} | {step} | {real:,} | " + " | ".join(f"{success(row, s):.3f}" for s in SPLITS)
+                  + f" | {mean_success(row):.3f} |")
 
     fig, (ax, steps, bars) = plt.subplots(1, 3, figsize=(16, 4.2))
-    ax.plot([args.bc_steps], [success(bc, "test")], "k*", markersize=12, label="BC warm start")
+    ax.plot([args.bc_steps], [mean_success(bc)], "k*", markersize=12, label="BC warm start")
     for i, (name, points) in enumerate(arms.items()):
         xs = [p[1] for p in points]
-        ys = [success(p[2], "test") for p in points]
+        ys = [mean_success(p[2]) for p in points]
         if name.startswith("RFT"):  # every RFT step costs no real step: its evals stack at one x
             line, = ax.plot(xs, ys, "s:", alpha=0.5)
             ax.plot(xs[-1:], ys[-1:], "s", color=line.get_color(), markersize=9, label=f"{name}, last eval")
         else:
             ax.plot(xs, ys, "o-", label=name)
         steps.plot([p[0] for p in points], ys, "s--" if name.startswith("RFT") else "o-", label=name)
-    ax.set_xlabel("real MuJoCo steps consumed (BC demos + WM data or RL rollouts)")
-    ax.set_ylabel("greedy success, real sim (test)")
-    ax.set_ylim(0, 1)
+    ax.set_xlabel("real MuJoCo steps consumed (BC demos + WM's own data or RL rollouts)")
+    ax.set_ylabel("greedy success, real sim (5-split mean)")
+    ax.set_ylim(0, 0.6)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=6)
     steps.set_xlabel("RL step (GRPO update)")
-    steps.set_ylabel("greedy success, real sim (test)")
-    steps.set_ylim(0, 1)
+    steps.set_ylabel("greedy success, real sim (5-split mean)")
+    steps.set_ylim(0, 0.6)
     steps.grid(alpha=0.3)
     steps.legend(fontsize=6)
     labels = {"BC warm start": bc} | {name: points[-1][2] for name, points in arms.items()}
@@ -100,10 +114,10 @@ def main() -> None:
                  color="0.25" if i == 0 else f"C{(i - 1) % 10}")  # the arms keep their curve colours
     bars.set_xticks(np.arange(len(SPLITS)) + 0.4 - width / 2, SPLITS, rotation=20)
     bars.set_ylabel("greedy success, real sim")
-    bars.set_ylim(0, 1)
+    bars.set_ylim(0, 0.6)
     bars.grid(alpha=0.3, axis="y")
     bars.legend(fontsize=6)
-    fig.suptitle("reach: BC vs RL in MuJoCo vs RFT in the learned world model (64 held-out episodes per split)")
+    fig.suptitle("reach: BC vs RL in MuJoCo vs RFT in the learned world model (64 held-out real episodes per split)")
     fig.tight_layout()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
