@@ -77,6 +77,9 @@ def test_tiny_recipe_is_sft_then_grpo_under_kl():
     assert cfg.warm_start.sft_steps > 0 and cfg.algo.advantage == "grpo"
     assert cfg.algo.kl_coef > 0 and cfg.trainer.ref_model == "copy"  # LaViPlan: "under KL regularization"
     assert {"ood_layout", "ood_dense"} <= set(cfg.eval.extra_splits)
+    # collisions must matter and be visible: lead-vehicle scenes, a 3x3-token raster, perception pretraining
+    assert cfg.task.args.lead_share > 0 and cfg.task.args.image_size == 84 and cfg.warm_start.vision_steps > 0
+    assert "{lead}" in cfg.task.args.think and "{speed}" in cfg.task.args.think
 
 
 def test_gpu_recipe_validates():
@@ -135,7 +138,7 @@ def greedy_metrics(policy, task, examples) -> dict[str, float]:
     from mmrl.evaluate import rollout_metrics, verify
     from mmrl.rollout import SamplingParams
 
-    rollout = policy.rollout(examples, 1, SamplingParams(0.0, 1.0, 40), 0)
+    rollout = policy.rollout(examples, 1, SamplingParams(0.0, 1.0, 48), 0)
     return rollout_metrics(task, examples, rollout, verify(task, "driving/laviplan-v0", rollout, examples))
 
 
@@ -147,8 +150,8 @@ def test_warm_start_learns_to_plan_from_the_expert_answers():
     from mmrl.registry import make_policy
     from mmrl.warm_start import sft
 
-    cfg = load_config("laviplan/tiny_cpu", ["task.args.train_pool=64", "warm_start.sft_steps=40",
-                                            "warm_start.batch_size=16", *QUIET])
+    cfg = load_config("laviplan/tiny_cpu", ["task.args.train_pool=64", "warm_start.sft_steps=80",
+                                            "warm_start.batch_size=16", "warm_start.vision_steps=0", *QUIET])
     task = make_task(cfg.task.name, cfg.task.args)
     policy = make_policy(cfg.policy.name, cfg.policy.args)
     held_out = task.sample_batch("test", 16, np.random.default_rng(0))
@@ -162,16 +165,20 @@ def test_warm_start_learns_to_plan_from_the_expert_answers():
 
 
 @pytest.mark.slow
-def test_grpo_improves_held_out_plans_after_the_warm_start(tmp_path):
-    """The recipe as documented (about 10 minutes on 2 busy cores): held-out ADE falls from the SFT
-    warm start to the end of GRPO."""
+def test_grpo_lowers_the_held_out_collision_rate_after_the_warm_start(tmp_path):
+    """The recipe as documented (about 25 minutes on 2 cores): the held-out collision rate falls from
+    the SFT warm start to the end of GRPO (seeds 0 / 1: 0.13 -> 0.08 / 0.09 of 100 test scenes, at or
+    below 0.10 at every evaluation from step 25 on), ADE falls (1.90 -> 1.69 / 1.67 m) and the think
+    keeps stating what the image shows (perception accuracy 0.88 -> 0.90 / 0.87)."""
     from mmrl.cli import main
 
     run = tmp_path / "run"
     assert main(["train", "laviplan/tiny_cpu", "--out", str(run), "--no-plot", *QUIET]) == 0
     evals = [r for r in read_rows(run) if "eval/ade" in r]
     first, last = evals[0], evals[-1]
-    assert last["eval/ade"] < first["eval/ade"] - 0.3 and last["eval/reward_mean"] > first["eval/reward_mean"] + 0.1
+    assert last["eval/collision_rate"] <= first["eval/collision_rate"] - 0.03, (first, last)
+    assert last["eval/ade"] < first["eval/ade"] - 0.1, (first, last)
+    assert last["eval/perception_accuracy"] >= first["eval/perception_accuracy"] - 0.05, (first, last)
 
 
 def test_train_driving_script_trains_other_recipes_without_a_plan_gif(tmp_path, monkeypatch):
@@ -250,3 +257,36 @@ def test_perception_label_and_think_field_describe_the_gap_ahead():
     clear = make_task("driving/laviplan-v0", {"horizon": 3, "dt": 1.0})
     labels = [clear.vision_label(e) for e in clear.sample_batch("test", 12, np.random.default_rng(0))]
     assert 3 in labels  # most plain scenes have nobody in the ego's path within 40 m
+
+
+def test_perception_term_rewards_only_a_think_that_names_the_right_gap_word():
+    """task.args.perception_weight: the reasoning's perception statement is verified against the scene;
+    naming every word, the wrong one, or the right one outside the think earns nothing."""
+    from mmrl.tasks.driving.laviplan import GAP_WORDS
+
+    args = {"horizon": 3, "dt": 1.0, "lead_share": 0.4, "think": "{speed} m/s, {lead}"}
+    plain = make_task("driving/laviplan-v0", args)
+    task = make_task("driving/laviplan-v0", {**args, "perception_weight": 0.2})
+    example = task.sample_batch("test", 1, np.random.default_rng(3))[0]
+    right = GAP_WORDS[task.vision_label(example)]
+    wrong = next(w for w in GAP_WORDS if w != right)
+    reference = task.reference_output(example)
+    assert right in reference and "perception" not in plain.reward(example, reference).components
+    base = plain.reward(example, reference)
+    full = task.reward(example, reference)
+    assert full.components["perception"] == 1.0
+    # w_fmt·format + w_per·1 + (1 − w_fmt − w_per)·alignment (the rounded reference; no collision/off-road)
+    c = base.components
+    assert c["collision"] == c["offroad"] == 0.0
+    assert full.score == pytest.approx(0.1 * c["format"] + 0.2 + 0.7 * c["alignment"])
+    hacks = [reference.replace(right, wrong), reference.replace(right, " ".join(GAP_WORDS)),
+             reference.replace(f", {right}", "") + f" {right}", reference.replace("<think>", "<think><think>")]
+    for output in hacks:
+        result = task.reward(example, output)
+        assert result.components.get("perception", 0.0) == 0.0, output
+    assert task.reward(example, hacks[0]).score == pytest.approx(full.score - 0.2)
+    assert task.reward(example, "garbage").components["perception"] == 0.0
+    metrics = task.metrics([example] * 2, [reference, hacks[0]], [full, task.reward(example, hacks[0])])
+    assert metrics["perception_accuracy"] == 0.5
+    with pytest.raises(ValueError, match="perception_weight"):
+        make_task("driving/laviplan-v0", {**args, "perception_weight": 0.95})
