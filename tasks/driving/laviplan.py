@@ -36,9 +36,9 @@ world's own (split, seed) stream, so scenes without a leader are the world's sce
 GAP_BINS = (12.0, 25.0, 40.0)
 """Bumper-gap bins (metres) of the perception label (:meth:`LaviPlanTask.vision_label`)."""
 GAP_WORDS = ("lead near", "lead mid", "lead far", "clear")
-THINK_BLOCK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
 """The ``{lead}`` think field per perception label (what is seen ahead, not what to do); one or two
 words, so the whole answer fits in 48 new tokens of the tiny tokenizer."""
+THINK_BLOCK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
 CORRIDOR = 2.0
 """A vehicle whose centre is within this many metres of the ego's route is in the ego's path."""
 BRAKE = 4.0
