@@ -294,6 +294,7 @@ class LaviPlanTask:
                 results: Sequence[RewardResult]) -> dict[str, float]:
         plans = [self.parse(o) for o in outputs]
         metrics = planning_metrics(plans, [e.expert for e in examples], results, self.cfg.success_fde)
-        if "{lead}" in self.cfg.think:  # does the reasoning still state what the picture shows?
-            metrics["perception_accuracy"] = float(np.mean([self.perceived(e, o) for e, o in zip(examples, outputs)]))
+        if "{lead}" in self.cfg.think:  # does the reasoning still state what the picture shows (as the reward checks)?
+            metrics["perception_accuracy"] = float(np.mean([p.well_formed and self.perceived(e, o)
+                                                            for e, o, p in zip(examples, outputs, plans)]))
         return metrics

@@ -286,7 +286,8 @@ def test_perception_term_rewards_only_a_think_that_names_the_right_gap_word():
         assert result.components.get("perception", 0.0) == 0.0, output
     assert task.reward(example, hacks[0]).score == pytest.approx(full.score - 0.2)
     assert task.reward(example, "garbage").components["perception"] == 0.0
-    metrics = task.metrics([example] * 2, [reference, hacks[0]], [full, task.reward(example, hacks[0])])
-    assert metrics["perception_accuracy"] == 0.5
+    outputs = [reference, hacks[0], hacks[3]]  # right, wrong word, right word in a malformed output
+    metrics = task.metrics([example] * 3, outputs, [task.reward(example, o) for o in outputs])
+    assert metrics["perception_accuracy"] == pytest.approx(1 / 3)
     with pytest.raises(ValueError, match="perception_weight"):
         make_task("driving/laviplan-v0", {**args, "perception_weight": 0.95})

@@ -108,7 +108,8 @@ def tiny_rft_config(checkpoint, overrides):
 
     return load_config("world_model_rft/tiny_cpu", [
         f"task.args.world_model={checkpoint}", "task.args.image_size=32", "policy.args.image_size=32",
-        "policy.args.num_envs=8", "warm_start.sft_steps=2", "warm_start.batch_size=2", "rollout.prompts_per_step=2", "rollout.group_size=4",
+        "policy.args.num_envs=8", "warm_start.sft_steps=2", "warm_start.batch_size=2", "rollout.prompts_per_step=2",
+        "rollout.group_size=4",
         "eval.every=0", "eval.num_examples=2", "eval.extra_splits=[]", "log.tensorboard=false", *overrides])
 
 
