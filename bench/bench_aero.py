@@ -14,9 +14,9 @@ from pathlib import Path
 
 import transformers
 
-from mmrl.config import load_config
-from mmrl.sweep import SWEEP_ARMS
-from mmrl.trainer import Trainer
+from mmrl.core.config import load_config
+from mmrl.experiments.sweep import SWEEP_ARMS
+from mmrl.core.trainer import Trainer
 
 transformers.utils.logging.disable_progress_bar()
 base = ["trainer.steps=30", "eval.every=0", "eval.num_examples=16", "checkpoint.every=0", "log.progress=false",

@@ -39,10 +39,10 @@ import numpy as np
 import torch
 
 from mmrl.algos import POLICY_LOSSES, AlgoConfig, aggregate
-from mmrl.imagegen_pretrain import pretrain
+from mmrl.models.imagegen_pretrain import pretrain
 from mmrl.policies.diffusion import DiffusionConfig, DiffusionPolicy
-from mmrl.registry import make_task
-from mmrl.rollout import SamplingParams
+from mmrl.core.registry import make_task
+from mmrl.core.rollout import SamplingParams
 
 CLIP = 1e-4  # DDPO clip_range
 

@@ -18,8 +18,8 @@ import time
 
 import torch
 
-from mmrl.config import load_config
-from mmrl.trainer import Trainer
+from mmrl.core.config import load_config
+from mmrl.core.trainer import Trainer
 
 
 def bare_update(policy, rollout, advantages, optimizer, clip: float = 0.2) -> None:

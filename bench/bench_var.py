@@ -32,12 +32,12 @@ import numpy as np
 import torch
 
 from mmrl.algos import POLICY_LOSSES, AlgoConfig, aggregate
-from mmrl.imagegen_pretrain import cached_pipeline, pretrain
+from mmrl.models.imagegen_pretrain import cached_pipeline, pretrain
 from mmrl.policies.diffusion import DiffusionConfig, DiffusionPolicy
 from mmrl.policies.var import VARConfig, VARPolicy
-from mmrl.registry import make_task
-from mmrl.rollout import SamplingParams
-from mmrl.var_pretrain import cached_var, pretrain_var
+from mmrl.core.registry import make_task
+from mmrl.core.rollout import SamplingParams
+from mmrl.models.var_pretrain import cached_var, pretrain_var
 
 CLIP = {"var": 0.2, "ddim": 1e-4, "flow": 1e-4}  # the recipes' PPO clip ranges
 

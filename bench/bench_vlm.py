@@ -24,10 +24,10 @@ import numpy as np
 import psutil
 import torch
 
-from mmrl.config import load_config
-from mmrl.registry import make_policy, make_task
-from mmrl.rollout import SamplingParams
-from mmrl.trainer import Trainer
+from mmrl.core.config import load_config
+from mmrl.core.registry import make_policy, make_task
+from mmrl.core.rollout import SamplingParams
+from mmrl.core.trainer import Trainer
 
 QUIET = ["log.progress=false", "log.tensorboard=false"]
 

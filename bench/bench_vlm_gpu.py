@@ -86,8 +86,8 @@ def main() -> None:
     if not args.tiny and not torch.cuda.is_available():
         raise SystemExit("bench_vlm_gpu.py needs a CUDA device (use --tiny for a CPU smoke test)")
 
-    from mmrl.registry import make_task
-    from mmrl.rollout import SamplingParams
+    from mmrl.core.registry import make_task
+    from mmrl.core.rollout import SamplingParams
 
     policy = build_policy(args)
     params = sum(p.numel() for p in policy.parameters())

@@ -13,10 +13,10 @@ import time
 import numpy as np
 import torch
 
-from mmrl.config import load_config
-from mmrl.registry import make_task
-from mmrl.rollout import SamplingParams
-from mmrl.warm_start import build_initial_policy
+from mmrl.core.config import load_config
+from mmrl.core.registry import make_task
+from mmrl.core.rollout import SamplingParams
+from mmrl.core.warm_start import build_initial_policy
 
 
 def main() -> None:

@@ -1,8 +1,8 @@
 """mmrl: reinforcement fine-tuning with verifiable rewards for multimodal and embodied models.
 
-One policy-gradient core (:mod:`mmrl.algos`, :mod:`mmrl.trainer`) drives task adapters
+One policy-gradient core (:mod:`mmrl.algos`, :mod:`mmrl.core.trainer`) drives task adapters
 (:mod:`mmrl.tasks`) and environments (:mod:`mmrl.envs`) through small contracts
-(:mod:`mmrl.contracts`, :mod:`mmrl.rollout`).
+(:mod:`mmrl.core.contracts`, :mod:`mmrl.core.rollout`).
 """
 
 __version__ = "0.1.0"

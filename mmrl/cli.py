@@ -14,8 +14,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from mmrl.config import ConfigError
-from mmrl.registry import UnknownNameError
+from mmrl.core.config import ConfigError
+from mmrl.core.registry import UnknownNameError
 
 # Errors in what the user gave (recipe, override, folder): reported in one line, exit code 2.
 USER_ERRORS = (ConfigError, FileExistsError, FileNotFoundError, UnknownNameError)
@@ -70,8 +70,6 @@ def build_parser() -> argparse.ArgumentParser:
     plot = sub.add_parser("plot", help="write OUT/curves.png from OUT/metrics.jsonl")
     plot.add_argument("run", help="a run folder (the --out of mmrl train)")
 
-    from mmrl.imagegen_cli import add_pretrain_arguments, add_sample_arguments
-
     add_pretrain_arguments(sub.add_parser(
         "pretrain-imagegen", help="train a tiny text-to-image diffusion / flow model; saves a diffusers pipeline"))
     add_sample_arguments(sub.add_parser(
@@ -92,6 +90,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def add_pretrain_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", help="pretraining config JSON: assets/imagegen/ddim_tiny.json, flow_tiny.json "
+                                       "or var_tiny.json (next-scale VAR)")
+    parser.add_argument("--out", required=True, help="folder for the diffusers pipeline")
+    parser.add_argument("--steps", type=int, help="override the config's train.steps")
+    parser.add_argument("--overwrite", action="store_true", help="replace a folder written by pretrain-imagegen")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def add_sample_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("source", help="a diffusion run folder (mmrl train --out) or a diffusers pipeline folder")
+    parser.add_argument("--base", help="base pipeline folder for RLG (default for a run: its starting point)")
+    parser.add_argument("--rlg-weight", type=float, default=1.0,
+                        help="RLG weight w: 0 base, 1 the RL model, (0,1) interpolates, > 1 extrapolates")
+    parser.add_argument("--rlg-weights", help="comma-separated weights: print reward and distance to the base per w")
+    parser.add_argument("--prompts", nargs="*", help="prompts (default: the run's task prompts of --split)")
+    parser.add_argument("--split", default="test", help="task split whose prompts are drawn (run folders)")
+    parser.add_argument("--num-prompts", type=int, default=64, help="prompts drawn from the split for --rlg-weights")
+    parser.add_argument("--per-prompt", type=int, default=4, help="samples per prompt in the grid")
+    parser.add_argument("--steps", type=int, help="denoising steps (default: the policy's eval_num_steps)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the initial noise")
+    parser.add_argument("--out", default="samples.png", help="PNG grid to write")
+
+
 def add_train_arguments(parser: argparse.ArgumentParser, default_recipe: str | None = None) -> None:
     """``mmrl train`` takes the recipe as its first argument; a domain script has a default recipe
     and takes ``--recipe`` instead, so that its positional arguments are all overrides."""
@@ -110,9 +132,9 @@ def run_train(args: argparse.Namespace) -> Path:
     """Shared by ``mmrl train`` and the per-domain scripts in ``scripts/``."""
     import transformers
 
-    from mmrl.config import load_config
-    from mmrl.plotting import plot_run
-    from mmrl.trainer import Trainer
+    from mmrl.core.config import load_config
+    from mmrl.experiments.plotting import plot_run
+    from mmrl.core.trainer import Trainer
 
     transformers.utils.logging.disable_progress_bar()  # one progress bar: the trainer's
     if args.resume and args.overwrite:
@@ -132,8 +154,8 @@ def run_warm_start(args: argparse.Namespace) -> Path:
     """``mmrl sft`` and ``mmrl bc``: the recipe's supervised warm start, saved to ``--out``."""
     import transformers
 
-    from mmrl.config import load_config
-    from mmrl.warm_start import export_warm_start
+    from mmrl.core.config import load_config
+    from mmrl.core.warm_start import export_warm_start
 
     transformers.utils.logging.disable_progress_bar()
     cfg = load_config(args.recipe, args.overrides)
@@ -144,7 +166,7 @@ def run_warm_start(args: argparse.Namespace) -> Path:
 
 def summarize(out: Path) -> str:
     """First and last held-out evaluation of a run, metric by metric."""
-    from mmrl.logging import read_metrics
+    from mmrl.core.logging import read_metrics
 
     evals = [r for r in read_metrics(out) if "eval/reward_mean" in r]
     if not evals:
@@ -164,11 +186,11 @@ def list_components() -> str:
     from mmrl.algos import (ADVANTAGE_ESTIMATORS, AGGREGATIONS, GAUSSIAN_KL_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES,
                             SHAPING_HOOKS)
     from mmrl.algos.variants import REHEARSAL_DIVERGENCES, ROLLOUT_STRATEGIES
-    from mmrl.config import list_recipes
-    from mmrl.registry import POLICIES, TASKS, load_builtins
-    from mmrl.sweep import SWEEP_ARMS
+    from mmrl.core.config import list_recipes
+    from mmrl.core.registry import POLICIES, TASKS, load_plugins
+    from mmrl.experiments.sweep import SWEEP_ARMS
 
-    load_builtins()
+    load_plugins()
     envs = sorted(k for k in gymnasium.registry if k.startswith("mmrl/"))
     sections = [("tasks", TASKS.names()), ("envs", envs), ("policies", POLICIES.names()),
                 ("advantage estimators", ADVANTAGE_ESTIMATORS.names()), ("policy losses", POLICY_LOSSES.names()),
@@ -208,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
 
             print(f"plain Hugging Face checkpoint saved to {merge_and_export(args.policy_dir, args.out)}")
         elif args.command == "eval":
-            from mmrl.evaluate import run_eval
+            from mmrl.core.evaluate import run_eval
 
             print(run_eval(args))
         elif args.command == "list":
@@ -222,24 +244,24 @@ def main(argv: list[str] | None = None) -> int:
 
             print(diagnose())
         elif args.command == "plot":
-            from mmrl.plotting import plot_run
+            from mmrl.experiments.plotting import plot_run
 
             print(plot_run(args.run))
         elif args.command == "pretrain-imagegen":
-            from mmrl.imagegen_pretrain import run_pretrain
+            from mmrl.models.imagegen_pretrain import run_pretrain
 
             print(run_pretrain(args))
         elif args.command == "sample":
-            from mmrl.imagegen_sample import run_sample
+            from mmrl.experiments.imagegen_sample import run_sample
 
             print(run_sample(args))
         elif args.command == "sweep":
-            from mmrl.sweep import parse_sweep_arguments, run_sweep
+            from mmrl.experiments.sweep import parse_sweep_arguments, run_sweep
 
             table = run_sweep(args.recipe, parse_sweep_arguments(args.overrides), args.out, args.pass_k)
             print(table.read_text())
         elif args.command == "extrapolate":
-            from mmrl.extrapolate import run_extrapolate
+            from mmrl.experiments.extrapolate import run_extrapolate
 
             print(run_extrapolate(args.run, args.observe, args.target, args.out, args.overwrite))
     except USER_ERRORS as err:

@@ -14,8 +14,8 @@ import argparse
 
 import numpy as np
 
-from mmrl.imagegen_sample import image_grid, load_for_sampling
-from mmrl.rollout import SamplingParams
+from mmrl.experiments.imagegen_sample import image_grid, load_for_sampling
+from mmrl.core.rollout import SamplingParams
 
 
 def main() -> None:

@@ -15,7 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from mmrl.logging import read_metrics  # noqa: E402
+from mmrl.core.logging import read_metrics  # noqa: E402
 
 
 def split_keys(row: dict) -> list[tuple[str, str]]:

@@ -32,7 +32,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from mmrl.logging import read_metrics  # noqa: E402
+from mmrl.core.logging import read_metrics  # noqa: E402
 from mmrl.tasks.robot.world_model_rft import world_model_own_steps  # noqa: E402
 
 SPLITS = ("test", "ood_color", "ood_position", "ood_instruction", "ood_distractor")

@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from mmrl.checkpoint import latest_checkpoint
-from mmrl.config import load_config
-from mmrl.registry import load_builtins, make_policy, make_task
+from mmrl.core.checkpoint import latest_checkpoint
+from mmrl.core.config import load_config
+from mmrl.core.registry import load_plugins, make_policy, make_task
 
 
 def tile(images: list[np.ndarray], rows: int, scale: int, gap: int = 1) -> np.ndarray:
@@ -83,7 +83,7 @@ def main() -> None:
     parser.add_argument("--out", default="", help="grid prefix: writes <out>_<split>.png (empty: no grids)")
     parser.add_argument("--json", help="write the evaluation to this JSON file")
     args = parser.parse_args()
-    load_builtins()
+    load_plugins()
     run = Path(args.run)
     cfg = load_config(str(run / "config.yaml"))
     checkpoint = latest_checkpoint(run)

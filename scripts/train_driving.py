@@ -24,12 +24,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mmrl.checkpoint import latest_checkpoint
+from mmrl.core.checkpoint import latest_checkpoint
 from mmrl.cli import USER_ERRORS, add_train_arguments, parse_with_overrides, run_train
-from mmrl.config import TrainConfig, load_config
-from mmrl.registry import make_policy, make_task
-from mmrl.rollout import SamplingParams
-from mmrl.warm_start import warm_start_path
+from mmrl.core.config import TrainConfig, load_config
+from mmrl.core.registry import make_policy, make_task
+from mmrl.core.rollout import SamplingParams
+from mmrl.core.warm_start import warm_start_path
 
 
 def greedy_plans(cfg: TrainConfig, task, policy_dir: Path, examples: list) -> list:

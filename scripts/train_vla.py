@@ -16,10 +16,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from mmrl.checkpoint import latest_checkpoint
+from mmrl.core.checkpoint import latest_checkpoint
 from mmrl.cli import USER_ERRORS, add_train_arguments, parse_with_overrides, run_train
-from mmrl.config import load_config
-from mmrl.registry import make_policy, make_task
+from mmrl.core.config import load_config
+from mmrl.core.registry import make_policy, make_task
 from mmrl.tasks.robot.videos import write_rollout_videos
 
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import mmrl.trainer as trainer_module
-from mmrl.config import load_config
+import mmrl.core.trainer as trainer_module
+from mmrl.core.config import load_config
 
 
 def main(argv: list[str]) -> None:

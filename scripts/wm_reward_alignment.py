@@ -21,7 +21,7 @@ import torch
 import mmrl.envs  # noqa: F401
 from mmrl.envs.world_model.env import WorldModelSim
 from mmrl.policies.vla import VLAConfig, VLAPolicy
-from mmrl.rollout import SamplingParams
+from mmrl.core.rollout import SamplingParams
 from mmrl.tasks.robot import EpisodeExample
 
 

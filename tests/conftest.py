@@ -20,7 +20,7 @@ def isolated_cache(tmp_path_factory):
 @pytest.fixture
 def sanity_config():
     """A factory: the sanity recipe with overrides, validated."""
-    from mmrl.config import load_config
+    from mmrl.core.config import load_config
 
     def make(*overrides: str):
         return load_config("sanity/tiny_cpu", [*QUIET, *overrides])

@@ -88,7 +88,7 @@ def test_warm_start_verb_saves_a_loadable_policy(tmp_path, capsys, verb):
 def test_eval_of_a_run_equals_the_runs_own_last_evaluation(tmp_path, capsys):
     import json
 
-    from mmrl.logging import read_metrics
+    from mmrl.core.logging import read_metrics
 
     run = tmp_path / "run"
     assert main(["train", "sanity/tiny_cpu", "--out", str(run), *QUIET, *TINY, "checkpoint.every=2", "--no-plot"]) == 0

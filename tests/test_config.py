@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mmrl.algos.config import AlgoConfig
-from mmrl.config import ConfigError, TrainConfig, apply_overrides, build, load_config, resolve_recipe, to_dict
+from mmrl.core.config import ConfigError, TrainConfig, apply_overrides, build, load_config, resolve_recipe, to_dict
 from mmrl.tasks.sanity import ReverseConfig
 
 

@@ -1,4 +1,4 @@
-"""``mmrl extrapolate`` (mmrl/extrapolate.py): the rank-1 formula on hand-made checkpoints (golden numbers)
+"""``mmrl extrapolate`` (mmrl/experiments/extrapolate.py): the rank-1 formula on hand-made checkpoints (golden numbers)
 and the command on a tiny real run (it writes and evaluates the prediction)."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import torch
 from torch.testing import assert_close
 
 from mmrl.cli import main
-from mmrl.config import load_config
-from mmrl.extrapolate import linear_fit, rank1_direction, rank1_extrapolate, relative_distance
-from mmrl.trainer import train
+from mmrl.core.config import load_config
+from mmrl.experiments.extrapolate import linear_fit, rank1_direction, rank1_extrapolate, relative_distance
+from mmrl.core.trainer import train
 
 
 def test_linear_fit_golden():

@@ -22,9 +22,9 @@ for name in ("tasks", "envs", "configs", "assets"):
     except ModuleNotFoundError:
         continue
     sys.exit(f"generic top-level module {{name!r}} is importable")
-from mmrl.config import load_config
+from mmrl.core.config import load_config
 cfg = load_config("sanity/tiny_cpu")                         # recipes shipped inside the package
-from mmrl.registry import make_policy
+from mmrl.core.registry import make_policy
 make_policy("causal_lm", cfg.policy.args)                    # and the model config asset
 print("ok", cfg.task.name)
 """

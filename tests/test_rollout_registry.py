@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from mmrl.registry import TASKS, UnknownNameError, make_policy, make_task, register_task
-from mmrl.rollout import Rollout
+from mmrl.core.registry import TASKS, UnknownNameError, make_policy, make_task, register_task
+from mmrl.core.rollout import Rollout
 from mmrl.tasks.sanity import ReverseConfig, ReverseTask
 
 
@@ -81,7 +81,7 @@ def test_task_ids_are_namespaced_and_versioned():
 def test_make_task_and_policy_validate_args():
     task = make_task("sanity/reverse-v0", {"min_len": 2, "max_len": 2})
     assert task.cfg == ReverseConfig(min_len=2, max_len=2)
-    from mmrl.config import ConfigError
+    from mmrl.core.config import ConfigError
 
     with pytest.raises(ConfigError, match="unknown key 'vocab' in policy.args"):
         make_policy("causal_lm", {"vocab": "01"})

@@ -1,4 +1,4 @@
-"""``mmrl sweep`` (mmrl/sweep.py) on a tiny budget: every (arm, seed) trains, the table / JSON / plot hold
+"""``mmrl sweep`` (mmrl/experiments/sweep.py) on a tiny budget: every (arm, seed) trains, the table / JSON / plot hold
 the numbers of the runs, finished runs are reused, bad arguments are one-line errors. Also the pass@k
 estimator the sweep's evaluation uses (``eval.pass_k``)."""
 
@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from mmrl.cli import main
-from mmrl.config import ConfigError
-from mmrl.sweep import SWEEP_ARMS, mean_std, parse_sweep_arguments
-from mmrl.trainer import pass_at_k
+from mmrl.core.config import ConfigError
+from mmrl.experiments.sweep import SWEEP_ARMS, mean_std, parse_sweep_arguments
+from mmrl.core.trainer import pass_at_k
 
 TINY = ["trainer.steps=2", "eval.every=0", "eval.num_examples=8", "rollout.prompts_per_step=8", "rollout.group_size=4",
         "warm_start.sft_steps=20", "checkpoint.every=0", "log.tensorboard=false"]
@@ -70,7 +70,7 @@ def test_bad_sweep_arguments_are_user_errors(tmp_path, capsys):
 
 
 def test_every_arm_builds_a_valid_config():
-    from mmrl.config import load_config
+    from mmrl.core.config import load_config
 
     for arm in SWEEP_ARMS.names():
         load_config("sanity/tiny_cpu", list(SWEEP_ARMS.get(arm).overrides))

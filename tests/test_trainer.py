@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from mmrl.config import load_config
-from mmrl.plotting import plot_run
-from mmrl.registry import TASKS, register_task
+from mmrl.core.config import load_config
+from mmrl.experiments.plotting import plot_run
+from mmrl.core.registry import TASKS, register_task
 from mmrl.tasks.sanity import ReverseConfig, ReverseTask
-from mmrl.trainer import Trainer, train
+from mmrl.core.trainer import Trainer, train
 
 QUIET = ["log.progress=false", "log.tensorboard=false"]
 

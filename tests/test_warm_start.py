@@ -12,10 +12,10 @@ import pytest
 import torch
 import yaml
 
-from mmrl.config import ConfigError, load_config, to_dict
-from mmrl.registry import make_policy, make_task
-from mmrl.paths import recipes_dir
-from mmrl.warm_start import VisionLabels, cache_root, pretrain_vision, warm_start_key, warm_start_path
+from mmrl.core.config import ConfigError, load_config, to_dict
+from mmrl.core.registry import make_policy, make_task
+from mmrl.core.paths import recipes_dir
+from mmrl.core.warm_start import VisionLabels, cache_root, pretrain_vision, warm_start_key, warm_start_path
 
 QUIET = ["log.progress=false", "log.tensorboard=false"]
 RECIPES = sorted(f"{p.parent.name}/{p.stem}" for p in recipes_dir().glob("*/*.yaml")
@@ -92,7 +92,7 @@ def test_vision_pretraining_is_deterministic_whatever_the_global_rng():
 @pytest.mark.parametrize("vision_steps", [0, 2])
 def test_warm_start_examples_replays_exactly_what_sft_trained_on(monkeypatch, vision_steps):
     """The BC regulariser (algo.bc_coef) reuses the warm start's data; its replay must be that data."""
-    from mmrl.warm_start import sft, warm_start_examples
+    from mmrl.core.warm_start import sft, warm_start_examples
 
     cfg = load_config("curvebench/tiny_cpu", [*QUIET, f"warm_start.vision_steps={vision_steps}",
                                               "warm_start.sft_steps=3", "warm_start.batch_size=2"])

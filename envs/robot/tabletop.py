@@ -38,7 +38,7 @@ INSTRUCTION_CHARS = "abcdefghijklmnopqrstuvwxyz "
 
 def mjcf_path(name: str) -> Path:
     """``assets/robot/<name>`` of the checkout, or of the installed package (mmrl.assets)."""
-    from mmrl.paths import assets_dir
+    from mmrl.core.paths import assets_dir
 
     return assets_dir() / "robot" / name
 

@@ -118,7 +118,7 @@ def collect(task: str, image_size: int, seeds: np.ndarray, behaviours: list[str]
 def warm_start_seeds(task: str, image_size: int, demo_noise: float, batches: int, batch_size: int,
                      seed: int) -> list[int]:
     """The distinct train seeds a BC warm start of ``batches`` × ``batch_size`` draws (first-use order):
-    the same calls on the same generator as :func:`mmrl.warm_start.sft` (``task.sample_batch``)."""
+    the same calls on the same generator as :func:`mmrl.core.warm_start.sft` (``task.sample_batch``)."""
     from mmrl.tasks.robot.tabletop import RobotTask, RobotTaskConfig
 
     sampler = RobotTask(task, RobotTaskConfig(image_size, demo_noise))

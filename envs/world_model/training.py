@@ -107,8 +107,8 @@ class WorldModelRecipe:
 
 def load_recipe(path: str | Path) -> tuple[WorldModelRecipe, dict]:
     """The typed recipe and its raw mapping (the cache key); unknown keys raise ConfigError."""
-    from mmrl.config import build
-    from mmrl.paths import recipes_dir
+    from mmrl.core.config import build
+    from mmrl.core.paths import recipes_dir
 
     file = Path(path)
     inside = file.relative_to("configs") if file.parts[:1] == ("configs",) else file
@@ -306,7 +306,7 @@ def train_world_model(recipe_path: str | Path, out: str | Path, overwrite: bool 
 
 def cached_world_model(recipe_path: str | Path) -> Path:
     """The world model of a recipe, trained once and cached in ``$MMRL_CACHE/world_model/<task>-<hash>``."""
-    from mmrl.warm_start import cache_root
+    from mmrl.core.paths import cache_root
 
     recipe, raw = load_recipe(recipe_path)
     key = hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()[:16]

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from mmrl.algos.config import AlgoConfig
 from mmrl.algos.masked import group_mean_std, masked_whiten, outcome_to_token_rewards
-from mmrl.registry import Registry
+from mmrl.core.registry import Registry
 
 
 @dataclass(frozen=True)

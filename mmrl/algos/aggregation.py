@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from torch import Tensor
 
-from mmrl.registry import Registry
+from mmrl.core.registry import Registry
 
 AggregationFn = Callable[..., Tensor]
 AGGREGATIONS: Registry[AggregationFn] = Registry("loss aggregation")

@@ -17,8 +17,8 @@ from torch import Tensor
 from mmrl.algos.advantages import ADVANTAGE_ESTIMATORS, AdvantageInputs
 from mmrl.algos.config import AlgoConfig
 from mmrl.algos.masked import group_mean_std
-from mmrl.contracts import PolicyOutput
-from mmrl.registry import Registry
+from mmrl.core.contracts import PolicyOutput
+from mmrl.core.registry import Registry
 
 
 @ADVANTAGE_ESTIMATORS.register("grpo_global_std")

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from mmrl.algos.config import AlgoConfig
 from mmrl.algos.masked import masked_mean
-from mmrl.registry import Registry
+from mmrl.core.registry import Registry
 
 PolicyLossFn = Callable[[Tensor, Tensor, Tensor, Tensor, AlgoConfig], tuple[Tensor, dict[str, Tensor]]]
 POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss")

@@ -14,7 +14,7 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from mmrl.algos.masked import masked_mean
-from mmrl.registry import Registry
+from mmrl.core.registry import Registry
 
 KLFn = Callable[[Tensor, Tensor], Tensor]
 KL_ESTIMATORS: Registry[KLFn] = Registry("KL estimator")

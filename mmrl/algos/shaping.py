@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from mmrl.algos.config import AlgoConfig
-from mmrl.registry import Registry
+from mmrl.core.registry import Registry
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoConfig, AutoModelForImageTextToText, PreTrainedTokenizerFast, Qwen2VLImageProcessor
 
-from mmrl.config import ConfigError
-from mmrl.paths import resolve_asset
+from mmrl.core.config import ConfigError
+from mmrl.core.paths import resolve_asset
 
 # model_type → (processor class, video processor class), both in transformers.
 PROCESSORS = {

@@ -6,7 +6,7 @@ from mmrl.policies.traffic import CandidateScorerConfig, CandidateScorerPolicy
 from mmrl.policies.var import VARConfig, VARPolicy
 from mmrl.policies.vla import VLAConfig, VLAPolicy
 from mmrl.policies.vlm import VLMConfig, VLMPolicy
-from mmrl.registry import register_policy
+from mmrl.core.registry import register_policy
 
 register_policy("causal_lm", CausalLMPolicy.from_config, CausalLMConfig)
 register_policy("diffusion", DiffusionPolicy.from_config, DiffusionConfig)

@@ -18,12 +18,12 @@ from safetensors.torch import load_file, save_file
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedTokenizerFast
 
-from mmrl.contracts import Policy, PolicyOutput
-from mmrl.paths import resolve_asset
+from mmrl.core.contracts import Policy, PolicyOutput
+from mmrl.core.paths import resolve_asset
 from mmrl.policies.lora import add_lora, load_lora_weights
 from mmrl.policies.tokens import (TokenPayload, completion_mask_from_eos, positions_from_mask,
                                   token_logprobs)
-from mmrl.rollout import Rollout, SamplingParams
+from mmrl.core.rollout import Rollout, SamplingParams
 
 PAD, EOS = "<pad>", "<eos>"
 VALUE_HEAD_FILE = "value_head.safetensors"

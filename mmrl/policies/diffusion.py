@@ -25,10 +25,8 @@ and returns no decisions.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import logging
-import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,16 +39,14 @@ from diffusers import (AutoencoderKL, DDIMScheduler, FlowMatchEulerDiscreteSched
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from mmrl.contracts import Policy, PolicyOutput
-from mmrl.rollout import Rollout, SamplingParams
+from mmrl.core.contracts import Policy, PolicyOutput
+from mmrl.core.rollout import Rollout, SamplingParams
+from mmrl.models.diffusers_folder import is_sd3_folder, load_pipeline_components, load_sd3_pipeline, save_pipeline
 from mmrl.samplers.diffusion import (cfg_combine, ddim_deterministic_step, ddim_step, flow_ode_step, flow_sde_step,
                                      rlg_combine)
 
 log = logging.getLogger(__name__)
 
-REQUIRED_COMPONENTS = ("unet", "scheduler", "text_encoder", "tokenizer")
-SD3_REQUIRED_COMPONENTS = ("transformer", "scheduler", "text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2",
-                           "vae")
 LORA_FILE = "unet_lora.safetensors"
 LORA_BASE_FILE = "lora_base.json"
 
@@ -61,7 +57,7 @@ class DiffusionConfig:
     """A diffusers pipeline folder (model_index.json, unet, scheduler, text_encoder, tokenizer[, vae])."""
     pretrain_config: str | None = None
     """Instead of ``pretrained``: an ``assets/imagegen/*.json`` pretraining config; the pipeline is
-    built by :mod:`mmrl.imagegen_pretrain` once and cached in ``$MMRL_CACHE/imagegen``."""
+    built by :mod:`mmrl.models.imagegen_pretrain` once and cached in ``$MMRL_CACHE/imagegen``."""
     scheduler: Literal["folder", "ddim", "flow_match"] = "folder"
     """The folder's own scheduler, or one built from its config: ``ddim`` (DDPO sets
     ``DDIMScheduler.from_config(pipeline.scheduler.config)`` on Stable Diffusion folders, whose
@@ -190,7 +186,7 @@ class DiffusionPolicy(Policy):
         if cfg.pretrained is not None:
             folder = Path(cfg.pretrained)
         else:
-            from mmrl.imagegen_pretrain import cached_pipeline
+            from mmrl.models.imagegen_pretrain import cached_pipeline
 
             folder = cached_pipeline(cfg.pretrain_config)
         if is_sd3_folder(folder):
@@ -458,77 +454,3 @@ class DiffusionPolicy(Policy):
             # trainer's backward runs and leaves zero gradients
             logp = logp + 0.0 * sum(p.sum() for p in self.unet.parameters() if p.requires_grad).nan_to_num()
         return PolicyOutput(logp=logp, mean=mean, std=std)
-
-
-# ------------------------------------------------------------------------------------------------
-# Pipeline folders (diffusers layout)
-
-def _component_class(library: str, name: str) -> type:
-    if library not in ("diffusers", "transformers"):
-        raise ValueError(f"component library {library!r} is not supported (diffusers or transformers)")
-    return getattr(importlib.import_module(library), name)
-
-
-def is_sd3_folder(folder: Path) -> bool:
-    index_file = folder / "model_index.json"
-    return index_file.is_file() and "transformer" in json.loads(index_file.read_text())
-
-
-def load_sd3_pipeline(folder: Path) -> Any:
-    """A local Stable Diffusion 3 / 3.5 folder as diffusers' ``StableDiffusion3Pipeline`` (its
-    components, prompt encoding and config, loaded unchanged; the T5 encoder may be absent)."""
-    from diffusers import StableDiffusion3Pipeline
-
-    index = json.loads((folder / "model_index.json").read_text())
-    missing = [c for c in SD3_REQUIRED_COMPONENTS
-               if not (isinstance(index.get(c), list) and index[c][0] and (folder / c).is_dir())]
-    if missing:
-        raise FileNotFoundError(f"SD3 pipeline folder {folder} lacks the components {missing} (model_index.json "
-                                f"entries and sub-folders {list(SD3_REQUIRED_COMPONENTS)} are required)")
-    return StableDiffusion3Pipeline.from_pretrained(folder)
-
-
-def load_pipeline_components(folder: Path) -> tuple[Any, Any, Any, Any, AutoencoderKL | None]:
-    """(unet, scheduler, text_encoder, tokenizer, vae or None) from a diffusers pipeline folder."""
-    index_file = folder / "model_index.json"
-    if not index_file.is_file():
-        raise FileNotFoundError(f"{folder} is not a diffusers pipeline folder (no model_index.json); build one "
-                                f"with `mmrl pretrain-imagegen assets/imagegen/ddim_tiny.json --out DIR`")
-    index = json.loads(index_file.read_text())
-    missing = [c for c in REQUIRED_COMPONENTS
-               if not (isinstance(index.get(c), list) and index[c][0] and (folder / c).is_dir())]
-    if missing:
-        raise FileNotFoundError(f"pipeline folder {folder} lacks the components {missing} (model_index.json "
-                                f"entries and sub-folders {list(REQUIRED_COMPONENTS)} are required)")
-    loaded = {}
-    for name in (*REQUIRED_COMPONENTS, "vae"):
-        if name == "vae" and not (isinstance(index.get("vae"), list) and index["vae"][0] and (folder / "vae").is_dir()):
-            loaded[name] = None
-            continue
-        library, class_name = index[name]
-        cls = _component_class(library, class_name)
-        loaded[name] = (cls.from_pretrained(folder / name, subfolder=None) if name == "scheduler"
-                        else cls.from_pretrained(folder / name))
-    return loaded["unet"], loaded["scheduler"], loaded["text_encoder"], loaded["tokenizer"], loaded["vae"]
-
-
-def save_pipeline(out: Path, unet: Any, scheduler: Any, text_encoder: Any, tokenizer: Any,
-                  vae: AutoencoderKL | None) -> None:
-    """Write a diffusers-layout folder: every component loads with its own ``from_pretrained``."""
-    index: dict[str, Any] = {"_class_name": "DiffusionPipeline", "_diffusers_version": _diffusers_version()}
-    for name, component in (("unet", unet), ("scheduler", scheduler), ("text_encoder", text_encoder),
-                            ("tokenizer", tokenizer), ("vae", vae)):
-        if component is None:
-            continue
-        target = out / name
-        shutil.rmtree(target, ignore_errors=True)
-        component.save_pretrained(target)
-        library = "diffusers" if type(component).__module__.startswith("diffusers") else "transformers"
-        index[name] = [library, type(component).__name__]
-    (out / "model_index.json").write_text(json.dumps(index, indent=1))
-
-
-def _diffusers_version() -> str:
-    import diffusers
-
-    return diffusers.__version__

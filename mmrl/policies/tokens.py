@@ -17,7 +17,7 @@ from torch.nn import functional as F
 
 @dataclass(frozen=True)
 class TokenPayload:
-    """Rows of (prompt, completion) token ids. Satisfies :class:`mmrl.rollout.Payload`."""
+    """Rows of (prompt, completion) token ids. Satisfies :class:`mmrl.core.rollout.Payload`."""
 
     prompt_ids: Tensor  # [N, P] long, left-padded
     prompt_mask: Tensor  # [N, P] long {0,1}

@@ -31,8 +31,8 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from mmrl.contracts import Policy, PolicyOutput
-from mmrl.rollout import Rollout, SamplingParams
+from mmrl.core.contracts import Policy, PolicyOutput
+from mmrl.core.rollout import Rollout, SamplingParams
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
@@ -58,7 +58,7 @@ class CandidateScorerConfig:
 
 @dataclass(frozen=True)
 class CandidatePayload:
-    """What re-scoring needs (satisfies :class:`mmrl.rollout.Payload`)."""
+    """What re-scoring needs (satisfies :class:`mmrl.core.rollout.Payload`)."""
 
     features: Tensor  # [N, G, F] float32
     context: Tensor  # [N, X] float32

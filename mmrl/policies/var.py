@@ -37,11 +37,11 @@ import torch
 from safetensors.torch import load_file
 from torch import Tensor
 
-from mmrl.contracts import Policy, PolicyOutput
+from mmrl.core.contracts import Policy, PolicyOutput
 from mmrl.models.var import (MultiScaleVQ, NextScaleTransformer, guided_logits, processed_log_probs,
                              sample_tokens)
-from mmrl.rollout import Rollout, SamplingParams
-from mmrl.var_pretrain import TRANSFORMER_FILE, cached_var, load_var, prompt_word_ids, save_var
+from mmrl.core.rollout import Rollout, SamplingParams
+from mmrl.models.var_pretrain import TRANSFORMER_FILE, cached_var, load_var, prompt_word_ids, save_var
 
 
 @dataclass(frozen=True)

@@ -44,8 +44,8 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from mmrl.contracts import Policy, PolicyOutput
-from mmrl.rollout import Rollout, SamplingParams
+from mmrl.core.contracts import Policy, PolicyOutput
+from mmrl.core.rollout import Rollout, SamplingParams
 from mmrl.samplers.gym_runner import EpisodeBatch, GymRunner
 
 WEIGHTS_FILE = "model.safetensors"
@@ -125,7 +125,7 @@ class SpatialSoftArgmax(nn.Module):
 
 @dataclass(frozen=True)
 class VLAPayload:
-    """What re-scoring needs. Satisfies :class:`mmrl.rollout.Payload`."""
+    """What re-scoring needs. Satisfies :class:`mmrl.core.rollout.Payload`."""
 
     images: Tensor  # [N, T, H, W, 3] uint8
     proprio: Tensor  # [N, T, P] float32

@@ -1,6 +1,6 @@
 """A policy over any Hugging Face Qwen2-VL / Qwen2.5-VL / Qwen3-VL checkpoint folder.
 
-Examples meet :class:`mmrl.contracts.VisualPrompt` (``prompt`` with one ``<image>`` per image,
+Examples meet :class:`mmrl.core.contracts.VisualPrompt` (``prompt`` with one ``<image>`` per image,
 ``images``, ``system``); outputs are the decoded completion strings. The policy builds the chat
 messages, resizes images with ``qwen_vl_utils.process_vision_info`` under its pixel budget and
 tokenises with the checkpoint's processor. :meth:`VLMPolicy.encode` is the one place that owns
@@ -31,11 +31,11 @@ from torch import Tensor
 from torch.nn import functional as F
 from transformers import AutoModelForImageTextToText, AutoProcessor, GenerationConfig
 
-from mmrl.config import ConfigError
-from mmrl.contracts import IMAGE_PLACEHOLDER, Policy, PolicyOutput
+from mmrl.core.config import ConfigError
+from mmrl.core.contracts import IMAGE_PLACEHOLDER, Policy, PolicyOutput
 from mmrl.policies.lora import BASE_FOLDER, add_lora, load_lora_weights
 from mmrl.policies.tokens import positions_from_mask, token_logprobs
-from mmrl.rollout import Rollout, SamplingParams
+from mmrl.core.rollout import Rollout, SamplingParams
 from mmrl.samplers.hf_generate import HFGenerateSampler
 from mmrl.samplers.tokens import CompletionSampler, Completions, TokenRules, VisionPrompts
 
@@ -91,7 +91,7 @@ class VLMConfig:
 
 @dataclass(frozen=True)
 class VLMPayload:
-    """Prompt rows (with their images) and completions. Satisfies :class:`mmrl.rollout.Payload`."""
+    """Prompt rows (with their images) and completions. Satisfies :class:`mmrl.core.rollout.Payload`."""
 
     prompts: VisionPrompts
     completion_ids: Tensor  # [N, T] long, right-padded

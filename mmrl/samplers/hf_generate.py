@@ -15,7 +15,7 @@ from torch.nn import functional as F
 from transformers import GenerationConfig
 
 from mmrl.policies.tokens import completion_mask_from_eos, token_logprobs
-from mmrl.rollout import SamplingParams
+from mmrl.core.rollout import SamplingParams
 from mmrl.samplers.tokens import Completions, TokenRules, VisionPrompts
 
 

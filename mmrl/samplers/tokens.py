@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from mmrl.rollout import SamplingParams
+from mmrl.core.rollout import SamplingParams
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from mmrl.policies.tokens import completion_mask_from_eos
-from mmrl.rollout import SamplingParams
+from mmrl.core.rollout import SamplingParams
 from mmrl.samplers.tokens import Completions, TokenRules, VisionPrompts
 
 

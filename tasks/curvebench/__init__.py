@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from mmrl.registry import register_task
+from mmrl.core.registry import register_task
 from mmrl.tasks.curvebench.curves import CATEGORIES, extract_tree
 from mmrl.tasks.curvebench.task import CurveBenchConfig, CurveBenchTask, CurveExample, LoadedExample
 from mmrl.tasks.curvebench.trees import judge, parse_answer, rooted_canonical, unrooted_isomorphic

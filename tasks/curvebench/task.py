@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from mmrl.contracts import IMAGE_PLACEHOLDER, RewardResult
+from mmrl.core.contracts import IMAGE_PLACEHOLDER, RewardResult
 from mmrl.tasks.curvebench.curves import (CATEGORIES, STYLES, Curve, LayoutError, Pen, _needed_radius, _pack_radius,
                                           draw_curves, layout, layout_problem)
 from mmrl.tasks.curvebench.trees import (Parents, all_topologies, answer_text, canonical_parents, children_map,
@@ -71,7 +71,7 @@ class CurveBenchConfig:
 
 @dataclass(frozen=True)
 class CurveExample:
-    """One drawn image; satisfies :class:`mmrl.contracts.VisualPrompt`."""
+    """One drawn image; satisfies :class:`mmrl.core.contracts.VisualPrompt`."""
 
     category: str
     seed: int

@@ -3,7 +3,7 @@
 ``driving/rift-v0``: RIFT's group-relative fine-tuning of a candidate-scoring traffic policy (``rift.py``).
 """
 
-from mmrl.registry import register_task
+from mmrl.core.registry import register_task
 from mmrl.tasks.driving.laviplan import LaviPlanConfig, LaviPlanTask, PlanExample
 from mmrl.tasks.driving.rift import RiftConfig, RiftExample, RiftTask
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from PIL import Image
 
-from mmrl.contracts import IMAGE_PLACEHOLDER, RewardResult
+from mmrl.core.contracts import IMAGE_PLACEHOLDER, RewardResult
 from mmrl.envs.driving.geometry import point_at_arclength, polyline_arclength, polyline_tangents, project_to_polyline
 from mmrl.envs.driving.maps import LAYOUT_BUILDERS, OOD_LAYOUTS, TRAIN_LAYOUTS
 from mmrl.envs.driving.render import render_bev
@@ -94,7 +94,7 @@ class LaviPlanConfig(RewardWeights):
 
 @dataclass(frozen=True)
 class PlanExample:
-    """Satisfies :class:`mmrl.contracts.VisualPrompt`."""
+    """Satisfies :class:`mmrl.core.contracts.VisualPrompt`."""
 
     scenario: Scenario = field(compare=False, repr=False)
     split: str

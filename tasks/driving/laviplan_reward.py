@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mmrl.contracts import RewardResult
+from mmrl.core.contracts import RewardResult
 
 MAX_OUTPUT_CHARS = 8192
 """Longer outputs are not parsed (invalid, "output too long"): bounds the parser's work."""

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mmrl.contracts import RewardResult
+from mmrl.core.contracts import RewardResult
 from mmrl.envs.driving.world import SPLITS
 from mmrl.tasks.driving.rift_sim import (HORIZON_STEPS, REWARD_TERMS, CandidateReturns, Episode,
                                          TrafficState, candidate_lattice, candidate_returns, closed_loop_episode,

@@ -19,12 +19,12 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from mmrl import checkpoint as ckpt
-from mmrl.config import TrainConfig, build, load_yaml
+from mmrl.core import checkpoint as ckpt
+from mmrl.core.config import TrainConfig, build, load_yaml
 from mmrl.envs.driving.render import render_bev
-from mmrl.registry import make_policy, make_task
+from mmrl.core.registry import make_policy, make_task
 from mmrl.tasks.driving.rift import closed_loop_metrics
-from mmrl.warm_start import warm_start_path
+from mmrl.core.warm_start import warm_start_path
 
 CBV_COLOUR = (255, 220, 0)
 

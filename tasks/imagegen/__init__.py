@@ -1,6 +1,6 @@
 """Image generation tasks: procedural prompts over coloured shapes, verifiable image rewards."""
 
-from mmrl.registry import register_task
+from mmrl.core.registry import register_task
 from mmrl.tasks.imagegen.shapes import ShapePrompt, all_prompts, prompt_vocabulary, render
 from mmrl.tasks.imagegen.task import ShapesConfig, ShapesTask
 

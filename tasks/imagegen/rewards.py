@@ -2,7 +2,7 @@
 prompt's colour, count, shape and position (GenEval-style correctness without a detector).
 
 Every function is total: any input (wrong shape, dtype, NaN, a corrupt PIL image) gives a
-:class:`~mmrl.contracts.RewardResult`-friendly value or a zero with a reason, never an exception.
+:class:`~mmrl.core.contracts.RewardResult`-friendly value or a zero with a reason, never an exception.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mmrl.contracts import RewardResult
+from mmrl.core.contracts import RewardResult
 from mmrl.tasks.imagegen.rewards import CHECKS, as_image, correctness, jpeg_size_kb, prompt_checks
 from mmrl.tasks.imagegen.shapes import ShapePrompt, all_prompts, is_ood, render, split_of
 

@@ -1,6 +1,6 @@
 """Robot tasks over the MuJoCo table-top envs: ``robot/reach-v0``, ``robot/push-v0``, ``robot/pick_place-v0``."""
 
-from mmrl.registry import register_task
+from mmrl.core.registry import register_task
 from mmrl.tasks.robot.tabletop import (Demonstration, EpisodeExample, RobotTask, RobotTaskConfig, episode_reward,
                                        make_task_factory)
 from mmrl.tasks.robot.world_model_rft import WorldModelRFTTask, WorldModelTaskConfig, make_wm_task_factory

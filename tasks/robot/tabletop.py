@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import gymnasium
 import numpy as np
 
-from mmrl.contracts import RewardResult
+from mmrl.core.contracts import RewardResult
 from mmrl.envs.robot import env_id
 from mmrl.samplers.gym_runner import EpisodeSummary
 

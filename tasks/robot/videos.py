@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from mmrl.rollout import SamplingParams
+from mmrl.core.rollout import SamplingParams
 
 
 def write_gif(frames: list[np.ndarray], path: Path, scale: int = 3, fps: int = 10) -> Path:

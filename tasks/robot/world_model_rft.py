@@ -27,7 +27,7 @@ from pathlib import Path
 import gymnasium
 import numpy as np
 
-from mmrl.contracts import RewardResult
+from mmrl.core.contracts import RewardResult
 from mmrl.envs.robot import env_id
 from mmrl.samplers.gym_runner import EpisodeSummary
 from mmrl.tasks.robot.tabletop import EpisodeExample, RobotTask, RobotTaskConfig, episode_reward

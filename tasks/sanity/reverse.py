@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mmrl.contracts import RewardResult
+from mmrl.core.contracts import RewardResult
 
 SPLITS = ("train", "test")
 

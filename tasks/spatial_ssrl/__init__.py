@@ -4,7 +4,7 @@ position — from a procedural RGB-D renderer or a folder of RGB / RGB-D images,
 
 from functools import partial
 
-from mmrl.registry import register_task
+from mmrl.core.registry import register_task
 from mmrl.tasks.spatial_ssrl.pretext import PRETEXTS, Puzzle, Unsuitable
 from mmrl.tasks.spatial_ssrl.reward import boxed_contents, normalise_answer, ssrl_reward
 from mmrl.tasks.spatial_ssrl.task import SpatialSSRLConfig, SpatialSSRLTask, SSRLExample

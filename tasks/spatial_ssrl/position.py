@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageDraw
 
-from mmrl.contracts import IMAGE_PLACEHOLDER as IMG
+from mmrl.core.contracts import IMAGE_PLACEHOLDER as IMG
 from mmrl.tasks.spatial_ssrl.pretext import (CAMERA_AXES, DIAGONAL, FACINGS, FOUR_WAY, LETTERS, Puzzle, Unsuitable,
                                              _marker)
 from mmrl.tasks.spatial_ssrl.sources import SourceImage

@@ -19,7 +19,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 from PIL import Image, ImageDraw, ImageFont
 
-from mmrl.contracts import IMAGE_PLACEHOLDER as IMG
+from mmrl.core.contracts import IMAGE_PLACEHOLDER as IMG
 from mmrl.tasks.spatial_ssrl.sources import SourceImage
 
 PRETEXTS = ("shuffle", "flip", "crop", "depth", "position")

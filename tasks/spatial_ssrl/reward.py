@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from mmrl.contracts import RewardResult
+from mmrl.core.contracts import RewardResult
 
 FORMAT = re.compile(r"<think>.*</think>.*\\boxed\{.*\}.*", re.DOTALL)
 SEPARATORS = re.compile(r"[\[\](),;:.]")

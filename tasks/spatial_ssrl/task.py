@@ -17,7 +17,7 @@ from typing import Literal
 import numpy as np
 from PIL import Image
 
-from mmrl.contracts import RewardResult
+from mmrl.core.contracts import RewardResult
 from mmrl.tasks.spatial_ssrl.position import PositionSettings, position_puzzle
 from mmrl.tasks.spatial_ssrl.pretext import (PRETEXTS, Puzzle, Unsuitable, crop_puzzle, depth_puzzle, flip_puzzle,
                                              shuffle_puzzle)
@@ -72,7 +72,7 @@ class SpatialSSRLConfig:
 
 @dataclass(frozen=True)
 class SSRLExample:
-    """One pretext question; satisfies :class:`mmrl.contracts.VisualPrompt`."""
+    """One pretext question; satisfies :class:`mmrl.core.contracts.VisualPrompt`."""
 
     pretext: str  # one of PRETEXTS
     source_key: str  # the scene seed or file name it was made from

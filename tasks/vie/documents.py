@@ -24,7 +24,7 @@ from functools import lru_cache
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from mmrl.paths import resolve_asset
+from mmrl.core.paths import resolve_asset
 
 DOC_TYPES = ("lab_report", "invoice", "form", "card", "triage")
 FONTS = ("sans", "serif", "mono")

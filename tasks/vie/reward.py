@@ -25,7 +25,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from mmrl.contracts import RewardResult
+from mmrl.core.contracts import RewardResult
 
 MAX_OUTPUT_CHARS = 20_000
 """Longer outputs score 0 ("too long"): bounds parse time, and no answer needs more."""

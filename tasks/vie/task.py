@@ -19,7 +19,7 @@ from functools import lru_cache
 import numpy as np
 from PIL import Image
 
-from mmrl.contracts import IMAGE_PLACEHOLDER, RewardResult
+from mmrl.core.contracts import IMAGE_PLACEHOLDER, RewardResult
 from mmrl.tasks.vie.documents import DOC_TYPES, KEY_DESCRIPTIONS, Document, make_document, render
 from mmrl.tasks.vie.local import LocalDocument, load_local_folder
 from mmrl.tasks.vie.reward import extraction_reward
@@ -74,7 +74,7 @@ class VIEConfig:
 
 @dataclass(frozen=True)
 class VIEExample:
-    """Satisfies :class:`mmrl.contracts.VisualPrompt`."""
+    """Satisfies :class:`mmrl.core.contracts.VisualPrompt`."""
 
     document: Document | LocalDocument
     requested: tuple[tuple[str, str], ...]  # (key, description) asked for, in reading order

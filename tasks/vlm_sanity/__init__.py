@@ -1,6 +1,6 @@
 """Tiny VQA sanity task for the VLM path (issue 3): colour / count of procedurally drawn shapes."""
 
-from mmrl.registry import register_task
+from mmrl.core.registry import register_task
 from mmrl.tasks.vlm_sanity.shapes import (ShapeColorConfig, ShapeColorTask, ShapeExample, answer_reward,
                                           extract_answer)
 

@@ -26,7 +26,7 @@ from typing import Literal
 import numpy as np
 from PIL import Image, ImageDraw
 
-from mmrl.contracts import IMAGE_PLACEHOLDER, RewardResult
+from mmrl.core.contracts import IMAGE_PLACEHOLDER, RewardResult
 
 SPLITS = ("train", "test")
 SHAPES = ("circle", "square", "triangle")
@@ -70,7 +70,7 @@ class Shape:
 
 @dataclass(frozen=True)
 class ShapeExample:
-    """Satisfies :class:`mmrl.contracts.VisualPrompt`."""
+    """Satisfies :class:`mmrl.core.contracts.VisualPrompt`."""
 
     question: str  # "color" or "count"
     shapes: tuple[Shape, ...]

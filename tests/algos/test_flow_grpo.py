@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from mmrl.algos import ADVANTAGE_ESTIMATORS, GAUSSIAN_KL_ESTIMATORS, AdvantageInputs, AlgoConfig
-from mmrl.config import ConfigError
-from mmrl.contracts import PolicyOutput
+from mmrl.core.config import ConfigError
+from mmrl.core.contracts import PolicyOutput
 
 
 def test_grpo_global_std_golden():
@@ -37,7 +37,7 @@ def test_gaussian_mean_kl_golden_and_errors():
 
 
 def test_config_accepts_gaussian_kl_and_rejects_unknown():
-    from mmrl.config import load_config
+    from mmrl.core.config import load_config
 
     cfg = load_config("flow_grpo/tiny_cpu")
     assert cfg.algo.kl_estimator == "gaussian_mean" and cfg.algo.advantage == "grpo_global_std"

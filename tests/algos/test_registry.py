@@ -1,4 +1,4 @@
-"""The algorithm registries (mmrl/registry.py, mmrl/algos/__init__.py): contents match the package
+"""The algorithm registries (mmrl/core/registry.py, mmrl/algos/__init__.py): contents match the package
 docstring, unknown names get a "did you mean" error, and a name cannot be silently re-bound."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import re
 import pytest
 
 import mmrl.algos as algos
-from mmrl.registry import Registry, UnknownNameError
+from mmrl.core.registry import Registry, UnknownNameError
 
 
 def _documented_names() -> dict[str, list[str]]:

@@ -11,8 +11,8 @@ import torch
 from mmrl.algos import AlgoConfig
 from mmrl.algos.variants import ROLLOUT_STRATEGIES
 from mmrl.algos.variants.adaptive_sampling import aero_rescue, aero_selective_rejection
-from mmrl.config import ConfigError, load_config
-from mmrl.trainer import Trainer
+from mmrl.core.config import ConfigError, load_config
+from mmrl.core.trainer import Trainer
 
 # example 0: all correct (4); 1: all wrong (4); 2: one success in 4; 3: one wrong sample; 4: 2 of 4
 OUTCOME = torch.tensor([1.0, 1, 1, 1, 0, 0, 0.5, 0, 1, 0, 0, 0, 0.9, 1, 0, 1, 0])

@@ -16,9 +16,9 @@ from torch.testing import assert_close
 from mmrl.algos import AGGREGATIONS, POLICY_LOSSES, AlgoConfig, aggregate
 from mmrl.algos.variants import LOSS_TERMS, LossTermInputs, LossTermRows, algo_needs
 from mmrl.algos.variants.loss_terms import align_positions, calibration_term
-from mmrl.config import ConfigError, load_config
-from mmrl.rollout import SamplingParams
-from mmrl.trainer import Trainer, train
+from mmrl.core.config import ConfigError, load_config
+from mmrl.core.rollout import SamplingParams
+from mmrl.core.trainer import Trainer, train
 
 # row 0 passes, row 1 fails; the sample has 3 positions, the expert 2 (row 1's sample has 2 real tokens)
 LOGP = torch.tensor([[-1.0, -2.0, -0.5], [-0.2, -3.0, -0.9]])
@@ -135,7 +135,7 @@ SHORT = ["eval.num_examples=8", "rollout.prompts_per_step=8", "rollout.group_siz
 
 
 def calibrl_overrides():
-    from mmrl.sweep import SWEEP_ARMS
+    from mmrl.experiments.sweep import SWEEP_ARMS
 
     return list(SWEEP_ARMS.get("calibrl").overrides)
 

@@ -11,8 +11,8 @@ import torch
 
 from mmrl.algos.variants import REHEARSAL_DIVERGENCES
 from mmrl.algos.variants.divergences import RehearsalParams
-from mmrl.config import ConfigError, load_config
-from mmrl.trainer import Trainer, train
+from mmrl.core.config import ConfigError, load_config
+from mmrl.core.trainer import Trainer, train
 
 LN2 = math.log(2.0)
 

@@ -17,9 +17,9 @@ from torch.testing import assert_close
 from mmrl.algos import AlgoConfig
 from mmrl.algos.variants import TEMPERATURE_SCHEDULES, PromptTemperatures, prompt_key
 from mmrl.algos.variants.prompt_temperature import all_correct_groups
-from mmrl.config import ConfigError, load_config
-from mmrl.rollout import SamplingParams
-from mmrl.trainer import Trainer, train
+from mmrl.core.config import ConfigError, load_config
+from mmrl.core.rollout import SamplingParams
+from mmrl.core.trainer import Trainer, train
 
 # example 0 all-correct [1, 1], 1 mixed [1, 0], 2 all-wrong [0, 0], 3 all-correct but already at T_max
 OUTCOME = torch.tensor([1.0, 1, 1, 0, 0, 0, 1, 1])
@@ -82,7 +82,7 @@ SHORT = ["eval.num_examples=8", "rollout.prompts_per_step=8", "rollout.group_siz
 
 
 def erpo_overrides():
-    from mmrl.sweep import SWEEP_ARMS
+    from mmrl.experiments.sweep import SWEEP_ARMS
 
     return list(SWEEP_ARMS.get("erpo").overrides)
 

@@ -11,7 +11,7 @@ from torch.testing import assert_close
 
 from mmrl.algos import ADVANTAGE_ESTIMATORS, AdvantageInputs, AlgoConfig
 from mmrl.algos.variants.outcome import backward_corrected_rewards, beta_posterior_mean
-from mmrl.config import ConfigError
+from mmrl.core.config import ConfigError
 
 # Groups: 0 = all-correct [1, 1, 1, 1], 1 = all-wrong [0, 0, 0, 0], 2 = mixed [1, 0, 0, 1], 3 = a single rollout [1]
 REWARDS = torch.tensor([1.0, 1, 1, 1, 0, 0, 0, 0, 1, 0, 0, 1, 1])

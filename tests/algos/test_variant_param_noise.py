@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from mmrl.algos.variants import perturbed_parameters
-from mmrl.config import ConfigError, load_config
-from mmrl.trainer import train
+from mmrl.core.config import ConfigError, load_config
+from mmrl.core.trainer import train
 
 QUIET = ["log.progress=false", "log.tensorboard=false"]
 SHORT = ["trainer.steps=2", "eval.every=0", "eval.num_examples=8", "rollout.prompts_per_step=8",

@@ -7,9 +7,9 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from mmrl.config import ConfigError, load_config
-from mmrl.rollout import SamplingParams
-from mmrl.trainer import Trainer
+from mmrl.core.config import ConfigError, load_config
+from mmrl.core.rollout import SamplingParams
+from mmrl.core.trainer import Trainer
 
 OVERRIDES = ["log.progress=false", "log.tensorboard=false", "trainer.steps=1", "eval.every=0", "eval.num_examples=8",
              "rollout.prompts_per_step=8", "rollout.group_size=4", "warm_start.sft_steps=20"]

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from mmrl.algos import SHAPING_HOOKS
-from mmrl.config import load_config
-from mmrl.trainer import Trainer, train
+from mmrl.core.config import load_config
+from mmrl.core.trainer import Trainer, train
 
 QUIET = ["log.progress=false", "log.tensorboard=false"]
 SHORT = ["eval.num_examples=16", "rollout.prompts_per_step=8", "rollout.group_size=4", "warm_start.sft_steps=20",
@@ -94,7 +94,7 @@ def test_a_variant_learns(tmp_path):
 @pytest.mark.parametrize("arm", ["w_reinforce", "nsr", "psr", "f_grpo", "ace", "rl_zvp", "divergence_weighted",
                                  "aero_beta", "aero", "psn", "visurf", "dph_rl", "mssr"])
 def test_every_variant_runs_through_the_trainer_from_a_recipe(tmp_path, arm):
-    from mmrl.sweep import SWEEP_ARMS
+    from mmrl.experiments.sweep import SWEEP_ARMS
 
     overrides = [*QUIET, "trainer.steps=2", "eval.every=0", "eval.num_examples=8", "warm_start.sft_steps=20",
                  *SWEEP_ARMS.get(arm).overrides]

@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mmrl.config import load_config
-from mmrl.rollout import SamplingParams
-from mmrl.trainer import Trainer, derive_seed
+from mmrl.core.config import load_config
+from mmrl.core.rollout import SamplingParams
+from mmrl.core.trainer import Trainer, derive_seed
 
 RECIPE = Path(__file__).resolve().parents[2] / "configs" / "sanity" / "tiny_cpu.yaml"
 BATCH_SEED = 20240601

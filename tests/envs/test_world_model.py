@@ -11,7 +11,7 @@ import torch
 from gymnasium.utils.env_checker import check_env
 
 import mmrl.envs  # noqa: F401  (registers the ids)
-from mmrl.config import ConfigError
+from mmrl.core.config import ConfigError
 from mmrl.envs.world_model import WM_ENV_IDS, WorldModelEnv, WorldModelVectorEnv
 from mmrl.envs.world_model.data import (behaviour_schedule, collect, concatenate, warm_start_demonstrations,
                                         warm_start_seeds)
@@ -84,7 +84,7 @@ def test_collect_shapes_real_steps_and_determinism():
 
 def test_warm_start_demonstrations_are_exactly_what_bc_trains_on():
     """The world model's demonstration data is the BC warm start's: the same seeds, drawn by the same
-    calls as mmrl.warm_start.sft, and the same frames and labels as RobotTask.demonstrate."""
+    calls as mmrl.core.warm_start.sft, and the same frames and labels as RobotTask.demonstrate."""
     from mmrl.tasks.robot.tabletop import EpisodeExample, RobotTask, RobotTaskConfig
 
     task = RobotTask("reach", RobotTaskConfig(image_size=32, demo_noise=0.3))

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from mmrl.policies.causal_lm import CausalLMPolicy, char_tokenizer
-from mmrl.registry import make_policy, make_task
-from mmrl.rollout import SamplingParams
+from mmrl.core.registry import make_policy, make_task
+from mmrl.core.rollout import SamplingParams
 
 CHARS = "0123456789>"
 

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from mmrl.config import load_config
-from mmrl.imagegen_pretrain import pretrain
+from mmrl.core.config import load_config
+from mmrl.models.imagegen_pretrain import pretrain
 from mmrl.policies.diffusion import DiffusionConfig, DiffusionPolicy
-from mmrl.registry import make_task
-from mmrl.rollout import SamplingParams
+from mmrl.core.registry import make_task
+from mmrl.core.rollout import SamplingParams
 
 QUIET = ["log.progress=false", "log.tensorboard=false"]
 
@@ -160,7 +160,7 @@ def test_non_finite_trajectories_are_masked_and_score_zero(pipelines):
 def ddpo_run(pipelines, tmp_path_factory):
     """A short DDPO run through the shared trainer: brightness (a pixel-statistics reward a barely
     pretrained model can move in a few steps) from the 10-step pipeline."""
-    from mmrl.trainer import train
+    from mmrl.core.trainer import train
 
     overrides = [*QUIET, "policy.args.pretrain_config=null", f"policy.args.pretrained={pipelines['ddim']}",
                  "task.args.reward_weights={brightness: 1.0}", "policy.args.num_steps=4",
@@ -174,8 +174,8 @@ def ddpo_run(pipelines, tmp_path_factory):
 
 def test_ddpo_recipe_learns_through_the_shared_trainer(ddpo_run):
     """The held-out reward rises; no update was skipped; the seeded run reproduces exactly."""
-    from mmrl.logging import read_metrics
-    from mmrl.trainer import train
+    from mmrl.core.logging import read_metrics
+    from mmrl.core.trainer import train
 
     cfg, out, root = ddpo_run
     rows = read_metrics(out)
@@ -190,7 +190,7 @@ def test_ddpo_recipe_learns_through_the_shared_trainer(ddpo_run):
 def test_rlg_weight_moves_the_reward_monotonically(ddpo_run):
     """RL guidance v = v_base + w (v_RL − v_base): w = 0 is the base, w = 1 the RL model; the
     reward rises with w (interpolation, then extrapolation) and so does the distance to the base."""
-    from mmrl.imagegen_sample import load_for_sampling, rlg_sweep
+    from mmrl.experiments.imagegen_sample import load_for_sampling, rlg_sweep
 
     _, out, _ = ddpo_run
     policy, base, task = load_for_sampling(out, None)
@@ -231,8 +231,8 @@ def test_sample_and_pretrain_verbs(ddpo_run, pipelines, tmp_path, capsys):
 def test_flow_grpo_recipe_runs_with_the_kl_on_the_mean(pipelines, tmp_path):
     """Flow-GRPO through the trainer: the window sets the decisions per image, the Gaussian-mean
     KL to the frozen copy starts at 0 and grows once the policy moves."""
-    from mmrl.logging import read_metrics
-    from mmrl.trainer import train
+    from mmrl.core.logging import read_metrics
+    from mmrl.core.trainer import train
 
     overrides = [*QUIET, "policy.args.pretrain_config=null", f"policy.args.pretrained={pipelines['flow']}",
                  "task.args.reward_weights={brightness: 1.0}", "policy.args.num_steps=4",
@@ -249,7 +249,7 @@ def test_flow_grpo_recipe_runs_with_the_kl_on_the_mean(pipelines, tmp_path):
 def test_flow_grpo_runs_the_reference_once_per_step(pipelines, tmp_path):
     """The frozen reference scores each rollout once (in micro-batches), not again in every PPO
     epoch: its means are kept and sliced per micro-batch for the KL on the mean."""
-    from mmrl.trainer import Trainer
+    from mmrl.core.trainer import Trainer
 
     overrides = [*QUIET, "policy.args.pretrain_config=null", f"policy.args.pretrained={pipelines['flow']}",
                  "task.args.reward_weights={brightness: 1.0}", "policy.args.num_steps=3",
@@ -268,8 +268,8 @@ def test_diffusion_run_resumes_exactly(pipelines, tmp_path):
     """Stop after step 1, resume to step 2: the same metrics as an uninterrupted 2-step run."""
     import dataclasses as dc
 
-    from mmrl.logging import read_metrics
-    from mmrl.trainer import Trainer, train
+    from mmrl.core.logging import read_metrics
+    from mmrl.core.trainer import Trainer, train
 
     overrides = [*QUIET, "policy.args.pretrain_config=null", f"policy.args.pretrained={pipelines['flow']}",
                  "task.args.reward_weights={brightness: 1.0}", "policy.args.num_steps=3",
@@ -295,8 +295,8 @@ def tiny_latent_pipeline(folder):
     from diffusers import AutoencoderKL, DDIMScheduler, UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel
 
-    from mmrl.imagegen_pretrain import word_tokenizer
-    from mmrl.policies.diffusion import save_pipeline
+    from mmrl.models.imagegen_pretrain import word_tokenizer
+    from mmrl.models.diffusers_folder import save_pipeline
     from mmrl.tasks.imagegen import prompt_vocabulary
 
     torch.manual_seed(0)
@@ -336,7 +336,7 @@ def tiny_sd3_pipeline(folder):
                            StableDiffusion3Pipeline)
     from transformers import CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel
 
-    from mmrl.imagegen_pretrain import word_tokenizer
+    from mmrl.models.imagegen_pretrain import word_tokenizer
     from mmrl.tasks.imagegen import prompt_vocabulary
 
     torch.manual_seed(0)
@@ -365,8 +365,8 @@ def test_sd3_folder_takes_the_same_path(tmp_path):
     """An SD3 folder loads unchanged: prompts encoded by diffusers' StableDiffusion3Pipeline, LoRA on
     the transformer, re-scoring equal to sampling on-policy, adapters saved and reloaded, and one
     Flow-GRPO step through the shared trainer with the reference as the adapters-off base."""
-    from mmrl.logging import read_metrics
-    from mmrl.trainer import train
+    from mmrl.core.logging import read_metrics
+    from mmrl.core.trainer import train
 
     folder = tiny_sd3_pipeline(tmp_path / "sd3")
     cfg = DiffusionConfig(pretrained=str(folder), num_steps=3, eval_num_steps=3, lora_rank=2, max_sequence_length=8)

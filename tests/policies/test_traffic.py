@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mmrl.policies.traffic import CandidateScorerConfig, CandidateScorerPolicy
-from mmrl.rollout import SamplingParams
+from mmrl.core.rollout import SamplingParams
 
 
 @dataclass(frozen=True, eq=False)

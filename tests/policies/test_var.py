@@ -5,13 +5,13 @@ import numpy as np
 import pytest
 import torch
 
-from mmrl.config import load_config
+from mmrl.core.config import load_config
 from mmrl.models.var import MultiScaleVQ, NextScaleTransformer, VARSpec
 from mmrl.policies.var import VARConfig, VARPayload, VARPolicy
-from mmrl.registry import POLICIES, make_task
-from mmrl.rollout import Rollout, SamplingParams
+from mmrl.core.registry import POLICIES, make_task
+from mmrl.core.rollout import Rollout, SamplingParams
 from mmrl.tasks.imagegen.task import ShapesConfig, ShapesTask
-from mmrl.var_pretrain import prompt_word_ids, save_var
+from mmrl.models.var_pretrain import prompt_word_ids, save_var
 
 
 def tiny_policy(**kwargs) -> VARPolicy:
@@ -152,9 +152,9 @@ def test_grpo_through_the_trainer_raises_held_out_brightness(tmp_path):
     VAR (20 steps per stage): the brightness reward (a pixel statistic, a quick signal) rises on the
     held-out prompts, measured before / after with the same sampling noise; the KL to the frozen copy
     grows."""
-    from mmrl.logging import read_metrics
-    from mmrl.trainer import train
-    from mmrl.var_pretrain import pretrain_var
+    from mmrl.core.logging import read_metrics
+    from mmrl.core.trainer import train
+    from mmrl.models.var_pretrain import pretrain_var
 
     folder = pretrain_var("assets/imagegen/var_tiny.json", tmp_path / "var20", progress=False, steps=20)
     overrides = ["log.progress=false", "log.tensorboard=false", "policy.args.pretrain_config=null",
@@ -179,8 +179,8 @@ def test_var_grpo_recipe_raises_held_out_prompt_correctness(tmp_path):
     it, ~7 min on one thread; then 80 GRPO steps, ~1.5 min): on every held-out (test) prompt, 64 samples
     each from the pretrained and the trained model with the same noise, the prompt correctness rises
     by more than 2 paired standard errors; so does the out-of-distribution split's."""
-    from mmrl.registry import make_policy
-    from mmrl.trainer import train
+    from mmrl.core.registry import make_policy
+    from mmrl.core.trainer import train
 
     cfg = load_config("var/tiny_cpu", ["log.progress=false", "log.tensorboard=false"])
     out = train(cfg, tmp_path / "run")

@@ -11,8 +11,8 @@ import torch
 
 from mmrl.policies.vla import (VLAConfig, VLAPayload, VLAPolicy, detokenize_actions, instruction_ids,
                                tokenize_actions)
-from mmrl.registry import make_task
-from mmrl.rollout import Rollout, SamplingParams
+from mmrl.core.registry import make_task
+from mmrl.core.rollout import Rollout, SamplingParams
 
 HEADS = [{"action_head": "tokens"}, {"action_head": "gaussian"}, {"action_head": "tokens", "chunk": 3},
          {"action_head": "gaussian", "chunk": 2}]

@@ -17,8 +17,8 @@ import torch
 from PIL import Image
 
 from mmrl.cli import main
-from mmrl.registry import make_policy
-from mmrl.rollout import Rollout, SamplingParams
+from mmrl.core.registry import make_policy
+from mmrl.core.rollout import Rollout, SamplingParams
 from mmrl.samplers.tokens import Completions
 
 SPEC = "vlm/qwen2_5_vl_tiny.json"

@@ -22,8 +22,8 @@ if not torch.cuda.is_available():
     pytest.skip("the vLLM sampler needs a CUDA device", allow_module_level=True)
 
 from mmrl.cli import main  # noqa: E402
-from mmrl.registry import make_policy  # noqa: E402
-from mmrl.rollout import SamplingParams  # noqa: E402
+from mmrl.core.registry import make_policy  # noqa: E402
+from mmrl.core.rollout import SamplingParams  # noqa: E402
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from mmrl.cli import main
-from mmrl.contracts import VisualPrompt
-from mmrl.registry import make_task
+from mmrl.core.contracts import VisualPrompt
+from mmrl.core.registry import make_task
 from mmrl.tasks.curvebench.curves import CATEGORIES, Pen, extract_tree, layout_problem
 from mmrl.tasks.curvebench.local import load_local
 from mmrl.tasks.curvebench.task import TEST_SEED_START
@@ -390,7 +390,7 @@ def test_grpo_raises_held_out_tree_accuracy_after_the_warm_start(tmp_path):
 
 
 def test_gpu_recipe_is_dr_grpo_as_published():
-    from mmrl.config import load_config
+    from mmrl.core.config import load_config
 
     cfg = load_config("curvebench/qwen3_vl_8b_gpu")
     assert cfg.task.name == "curvebench/easy-v0" and cfg.policy.args.pretrained.startswith("models/Qwen3-VL-8B")
@@ -405,7 +405,7 @@ def test_gpu_recipe_validates():
     test_vlm_sanity.py::test_gpu_recipes_validate): a local folder, bf16, LoRA with the adapter-disabled
     reference that the KL term needs, HF sampling without the vLLM-only corrections, a task that builds
     (every 1-5 curve topology fits at 448 px), prompts within the token budget."""
-    from mmrl.config import load_config
+    from mmrl.core.config import load_config
 
     cfg = load_config("curvebench/qwen3_vl_8b_gpu")
     args = cfg.policy.args

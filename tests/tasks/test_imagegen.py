@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from mmrl.registry import make_task
+from mmrl.core.registry import make_task
 from mmrl.tasks.imagegen import ShapePrompt, all_prompts, render
 from mmrl.tasks.imagegen.rewards import jpeg_size_kb
 

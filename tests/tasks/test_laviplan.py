@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmrl.contracts import VisualPrompt
-from mmrl.registry import make_task
+from mmrl.core.contracts import VisualPrompt
+from mmrl.core.registry import make_task
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from mmrl.config import load_config
-from mmrl.registry import make_task
+from mmrl.core.config import load_config
+from mmrl.core.registry import make_task
 from mmrl.tasks.driving.laviplan_gif import plan_frames, write_plans_gif
 from mmrl.tasks.driving.laviplan_reward import ParsedPlan
 
@@ -135,8 +135,8 @@ def test_train_driving_script_runs_on_a_tiny_budget(tmp_path, monkeypatch, capsy
 
 
 def greedy_metrics(policy, task, examples) -> dict[str, float]:
-    from mmrl.evaluate import rollout_metrics, verify
-    from mmrl.rollout import SamplingParams
+    from mmrl.core.evaluate import rollout_metrics, verify
+    from mmrl.core.rollout import SamplingParams
 
     rollout = policy.rollout(examples, 1, SamplingParams(0.0, 1.0, 48), 0)
     return rollout_metrics(task, examples, rollout, verify(task, "driving/laviplan-v0", rollout, examples))
@@ -147,8 +147,8 @@ def test_warm_start_learns_to_plan_from_the_expert_answers():
     unusable to greedy plans that parse and land within a few metres of the expert's."""
     import torch
 
-    from mmrl.registry import make_policy
-    from mmrl.warm_start import sft
+    from mmrl.core.registry import make_policy
+    from mmrl.core.warm_start import sft
 
     cfg = load_config("laviplan/tiny_cpu", ["task.args.train_pool=64", "warm_start.sft_steps=80",
                                             "warm_start.batch_size=16", "warm_start.vision_steps=0", *QUIET])

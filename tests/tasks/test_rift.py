@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from mmrl.algos import ADVANTAGE_ESTIMATORS, AdvantageInputs
-from mmrl.config import TrainConfig, build, load_yaml
+from mmrl.core.config import TrainConfig, build, load_yaml
 from mmrl.envs.driving.maps import LANE_WIDTH
 from mmrl.envs.driving.world import Agent, make_scenario
-from mmrl.registry import make_task
+from mmrl.core.registry import make_task
 from mmrl.tasks.driving.rift import RiftTask, RiftConfig, build_example, closed_loop_metrics
 from mmrl.tasks.driving.rift_sim import (GAMMA, HORIZON_STEPS, NUM_CANDIDATES, TrafficState, candidate_lattice,
                                          candidate_returns, closed_loop_episode, dense_rewards, kinematics,

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mmrl.config import load_config
-from mmrl.trainer import train
+from mmrl.core.config import load_config
+from mmrl.core.trainer import train
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = str(ROOT / "configs" / "rift" / "tiny_cpu.yaml")

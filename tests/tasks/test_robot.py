@@ -8,12 +8,12 @@ import json
 import numpy as np
 import pytest
 
-from mmrl.config import load_config
-from mmrl.registry import make_task
+from mmrl.core.config import load_config
+from mmrl.core.registry import make_task
 from mmrl.samplers.gym_runner import EpisodeSummary
 from mmrl.tasks.robot import EpisodeExample, episode_reward
 from mmrl.tasks.robot.tabletop import TEST_SEED_OFFSET
-from mmrl.trainer import train
+from mmrl.core.trainer import train
 
 TASKS = ["robot/reach-v0", "robot/push-v0", "robot/pick_place-v0"]
 
@@ -129,7 +129,7 @@ def test_full_recipes_raise_held_out_success(tmp_path, recipe):
 def test_vla_run_resumes_to_the_same_metrics_as_an_uninterrupted_run(tmp_path):
     """Checkpoint after step 2, resume to step 3: identical to 3 steps straight (env seeds, sampling
     seeds, optimizer and data RNG all restored)."""
-    from mmrl.trainer import Trainer
+    from mmrl.core.trainer import Trainer
 
     base = ["log.tensorboard=false", "task.args.image_size=32", "policy.args.image_size=32",
             "warm_start.sft_steps=3", "rollout.prompts_per_step=4", "eval.num_examples=4",

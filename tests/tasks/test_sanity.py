@@ -7,7 +7,7 @@ import doctest
 import numpy as np
 import pytest
 
-from mmrl.registry import make_task
+from mmrl.core.registry import make_task
 from mmrl.tasks.sanity import reverse
 from mmrl.tasks.sanity.reverse import ReverseExample, sequence_reward
 

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from mmrl.contracts import VisualPrompt
-from mmrl.registry import make_task
+from mmrl.core.contracts import VisualPrompt
+from mmrl.core.registry import make_task
 from mmrl.tasks.spatial_ssrl.position import PositionSettings, position_puzzle, relation
 from mmrl.tasks.spatial_ssrl.pretext import (DEPTH_BANDS, PRETEXTS, Unsuitable, crop_puzzle, depth_puzzle,
                                              flip_puzzle, normalised_depth, shuffle_puzzle, window_range)

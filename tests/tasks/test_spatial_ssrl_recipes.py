@@ -9,7 +9,7 @@ import math
 import pytest
 
 from mmrl.cli import main
-from mmrl.config import load_config
+from mmrl.core.config import load_config
 
 QUIET = ["log.progress=false", "log.tensorboard=false"]
 TINY = ["trainer.steps=2", "eval.num_examples=8", "rollout.prompts_per_step=4", "rollout.group_size=2",

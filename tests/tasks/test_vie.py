@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from mmrl.registry import make_task
+from mmrl.core.registry import make_task
 from mmrl.tasks.vie.reward import extraction_reward
 
 TRUTH = {"patient_name": "Ana Ruiz", "glucose": "1,234.50 mg/dL"}

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from mmrl.cli import main
-from mmrl.config import load_config
-from mmrl.registry import make_task
+from mmrl.core.config import load_config
+from mmrl.core.registry import make_task
 from mmrl.tasks.vie.documents import TRIAGE_COLOURS
 from mmrl.tasks.vie.task import SYSTEM_PROMPT
 
@@ -125,9 +125,9 @@ def test_tiny_cpu_recipe_trains_and_mmrl_eval_prints_f1_precision_recall_and_pas
 def test_sft_warm_start_learns_the_json_format_and_the_tag_colour():
     """Short real learning check (the recipe's SFT path, ~40 s): 100 steps take held-out format from 0
     to 1 and F1 from 0 to above what guessing gives (triage 1/4, digit 1/2: F1 ~0.35)."""
-    from mmrl.evaluate import EvalSettings, evaluate_policy
-    from mmrl.registry import make_policy
-    from mmrl.warm_start import sft
+    from mmrl.core.evaluate import EvalSettings, evaluate_policy
+    from mmrl.core.registry import make_policy
+    from mmrl.core.warm_start import sft
 
     cfg = load_config("vie/tiny_cpu", ["warm_start.sft_steps=100", *QUIET])
     task = make_task(cfg.task.name, cfg.task.args)

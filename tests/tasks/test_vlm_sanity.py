@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from mmrl.cli import main
-from mmrl.contracts import VisualPrompt
-from mmrl.registry import make_task
+from mmrl.core.contracts import VisualPrompt
+from mmrl.core.registry import make_task
 from mmrl.tasks.vlm_sanity.shapes import PALETTE, answer_reward, extract_answer
 
 QUIET = ["log.progress=false", "log.tensorboard=false"]
@@ -124,14 +124,14 @@ def test_mmrl_sft_exports_a_policy_folder_that_seeds_rl(tmp_path):
                  "warm_start.batch_size=4"]) == 0
     losses = json.loads((out / "sft_losses.json").read_text())
     assert len(losses) == 3 and all(np.isfinite(losses))
-    from mmrl.registry import make_policy
+    from mmrl.core.registry import make_policy
 
     policy = make_policy("vlm", {"pretrained": str(out)})
     assert policy.source == out
 
 
 def held_out(policy, task, n: int = 32) -> dict[str, float]:
-    from mmrl.rollout import SamplingParams
+    from mmrl.core.rollout import SamplingParams
 
     examples = task.sample_batch("test", n, np.random.default_rng(1234))
     rollout = policy.rollout(examples, 1, SamplingParams(temperature=0.0, max_new_tokens=24), seed=0)
@@ -142,9 +142,9 @@ def held_out(policy, task, n: int = 32) -> dict[str, float]:
 def test_sft_warm_start_learns_the_answer_format():
     """Short real learning check (the SFT path of `mmrl sft`): 60 steps take the held-out format
     rate from 0 to ~1 and the reward up by the format term at least."""
-    from mmrl.config import load_config
-    from mmrl.registry import make_policy
-    from mmrl.warm_start import sft
+    from mmrl.core.config import load_config
+    from mmrl.core.registry import make_policy
+    from mmrl.core.warm_start import sft
 
     cfg = load_config("vlm_sanity/tiny_cpu", [*QUIET, "warm_start.sft_steps=60", "warm_start.lr=3e-3"])
     task = make_task(cfg.task.name, cfg.task.args)
@@ -180,7 +180,7 @@ def test_grpo_raises_held_out_accuracy_after_the_warm_start(tmp_path):
 def test_gpu_recipes_validate(recipe):
     """The GPU recipes cannot run here (no GPU, no checkpoints) but must be valid configs that
     name a local folder, and cover LoRA / full and HF / vLLM between them."""
-    from mmrl.config import load_config
+    from mmrl.core.config import load_config
 
     cfg = load_config(f"vlm_sanity/{recipe}")
     args = cfg.policy.args

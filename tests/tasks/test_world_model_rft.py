@@ -16,12 +16,12 @@ from mmrl.envs.world_model.data import collect
 from mmrl.envs.world_model.model import POOL_FILE, LatentWorldModel, WorldModelConfig
 from mmrl.envs.world_model.training import reference_pool
 from mmrl.policies.vla import VLAConfig, VLAPolicy
-from mmrl.registry import make_task
-from mmrl.rollout import SamplingParams
+from mmrl.core.registry import make_task
+from mmrl.core.rollout import SamplingParams
 from mmrl.samplers.gym_runner import EpisodeSummary
 from mmrl.tasks.robot import EpisodeExample, RobotTask, RobotTaskConfig
 from mmrl.tasks.robot.world_model_rft import world_model_own_steps
-from mmrl.warm_start import warm_start_examples
+from mmrl.core.warm_start import warm_start_examples
 
 TINY = WorldModelConfig(task="reach", image_size=32, action_dims=2, latent=16, channels=8, hidden=32, max_steps=6)
 
@@ -104,7 +104,7 @@ def test_world_model_own_steps_do_not_count_the_reused_demonstrations_twice():
 
 
 def tiny_rft_config(checkpoint, overrides):
-    from mmrl.config import load_config
+    from mmrl.core.config import load_config
 
     return load_config("world_model_rft/tiny_cpu", [
         f"task.args.world_model={checkpoint}", "task.args.image_size=32", "policy.args.image_size=32",
@@ -115,8 +115,8 @@ def tiny_rft_config(checkpoint, overrides):
 
 def test_drift_gated_bc_term_is_off_at_the_reference_and_on_after_drift(checkpoint, tmp_path):
     """VLA-RFT's regulariser: loss += coef · clamp(KL / threshold, 0, 1) · BC loss on demonstrations."""
-    from mmrl.config import ConfigError
-    from mmrl.trainer import Trainer
+    from mmrl.core.config import ConfigError
+    from mmrl.core.trainer import Trainer
 
     with pytest.raises(ConfigError, match="ref_model"):
         Trainer(tiny_rft_config(checkpoint, ["algo.bc_coef=0.5", "trainer.ref_model=none"]), tmp_path / "none")
@@ -161,8 +161,8 @@ def test_rft_in_the_world_model_raises_real_simulator_success(tmp_path, seed):
     greedy success in the REAL MuJoCo sim, mean over test and the four OOD splits (5 × 64 episodes),
     rises. Measured: 0.253 → 0.309 / 0.300 / 0.294 with trainer.seed 0 / 1 / 2 (docs/results.md, VLA-RFT
     section); the bound leaves ~1 binomial sd of the 320-episode mean below the smallest gain."""
-    from mmrl.config import load_config
-    from mmrl.trainer import train
+    from mmrl.core.config import load_config
+    from mmrl.core.trainer import train
 
     cfg = load_config("world_model_rft/tiny_cpu", ["log.tensorboard=false", "checkpoint.every=0",
                                                    f"trainer.seed={seed}"])

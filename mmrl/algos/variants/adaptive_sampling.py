@@ -24,7 +24,7 @@ from torch import Tensor
 
 from mmrl.algos.config import AlgoConfig
 from mmrl.algos.variants.params import declare_variant, variant_params
-from mmrl.registry import Registry
+from mmrl.core.registry import Registry
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from mmrl.algos.variants.params import declare_variant
-from mmrl.registry import Registry
+from mmrl.core.registry import Registry
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from torch.nn import functional as F
 from mmrl.algos.config import AlgoConfig
 from mmrl.algos.masked import masked_mean
 from mmrl.algos.variants.params import declare_variant, variant_params
-from mmrl.registry import Registry
+from mmrl.core.registry import Registry
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 A variant's hyper-parameters live in the recipe under ``algo.extra.<name>`` (``<name>`` is the
 registered estimator / hook / term name). Each variant declares a frozen dataclass whose fields
 are documented with the paper behind each default; :func:`variant_params` builds it (unknown keys
-and wrong types raise :class:`mmrl.config.ConfigError` with the valid keys). ``config.validate``
+and wrong types raise :class:`mmrl.core.config.ConfigError` with the valid keys). ``config.validate``
 builds every section once, so a typo fails before any work.
 
 A variant may also need information the trainer only computes on request (``needs``):
@@ -55,7 +55,7 @@ def declare_variant(name: str, params: type | None = None, needs: Needs = ()) ->
 
 def variant_params(cfg: AlgoConfig, name: str) -> Any:
     """``algo.extra[name]`` as the variant's typed dataclass (absent section: the documented defaults)."""
-    from mmrl.config import ConfigError, build
+    from mmrl.core.typed import ConfigError, build
 
     spec = VARIANTS.get(name)
     if spec is None or spec.params is None:
@@ -92,7 +92,7 @@ def validate_extra(cfg: AlgoConfig) -> None:
     """Every ``algo.extra`` section names a declared variant with parameters and builds cleanly."""
     import difflib
 
-    from mmrl.config import ConfigError
+    from mmrl.core.typed import ConfigError
 
     with_params = sorted(n for n, s in VARIANTS.items() if s.params is not None)
     for name in cfg.extra:

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from mmrl.algos.config import AlgoConfig
 from mmrl.algos.variants.params import declare_variant, variant_params
-from mmrl.registry import Registry
+from mmrl.core.registry import Registry
 
 TemperatureSchedule = Callable[[Tensor, Tensor, Tensor, float, AlgoConfig], Tensor]
 TEMPERATURE_SCHEDULES: Registry[TemperatureSchedule] = Registry("temperature schedule")

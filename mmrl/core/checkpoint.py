@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from mmrl.config import TrainConfig, to_dict
+from mmrl.core.config import TrainConfig, to_dict
 
 STATE_FILE = "trainer_state.json"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mmrl.logging import read_metrics
+from mmrl.core.logging import read_metrics
 
 PANELS = (("reward/mean", "eval/reward_mean"), ("loss/policy",), ("policy/kl_ref", "policy/entropy"),
           ("policy/clip_frac",))

@@ -31,9 +31,9 @@ def load_for_sampling(source: str | Path, base: str | Path | None) -> tuple[Diff
     A run folder's policy is its latest checkpoint; its base the run's initial policy (built from
     its config, before any update); ``base`` overrides it with a pipeline folder.
     """
-    from mmrl.checkpoint import latest_checkpoint
-    from mmrl.config import load_config
-    from mmrl.registry import make_policy, make_task
+    from mmrl.core.checkpoint import latest_checkpoint
+    from mmrl.core.config import load_config
+    from mmrl.core.registry import make_policy, make_task
 
     source = Path(source)
     task = None
@@ -94,7 +94,7 @@ def rlg_sweep(policy: DiffusionPolicy, base: DiffusionPolicy, task: object, prom
 
 def run_sample(args: argparse.Namespace) -> str:
     """The ``mmrl sample`` verb; bad input (unknown prompt words, no base) is a ConfigError."""
-    from mmrl.config import ConfigError
+    from mmrl.core.config import ConfigError
 
     try:
         return _sample(args)

@@ -1,7 +1,7 @@
 """The small typed contracts that tasks and policies meet through.
 
 Tasks and policies never import each other: a task produces examples and scores outputs; a policy
-turns examples into a :class:`~mmrl.rollout.Rollout` and re-scores it. The trainer joins them.
+turns examples into a :class:`~mmrl.core.rollout.Rollout` and re-scores it. The trainer joins them.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 from torch import Tensor, nn
 
-from mmrl.rollout import Rollout, SamplingParams
+from mmrl.core.rollout import Rollout, SamplingParams
 
 
 @dataclass(frozen=True)

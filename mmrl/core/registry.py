@@ -2,12 +2,14 @@
 
 Everything a recipe names by string (tasks, policies, advantage estimators, losses, ...) lives in a
 :class:`Registry`. Registration is explicit (a decorator or a call at import of the defining
-module); nothing is discovered by import-time magic.
+module); the modules that register come from one entry-point group (:data:`PLUGIN_GROUP`), loaded
+once, the first time a component is made or listed.
 """
 
 from __future__ import annotations
 
 import difflib
+import importlib.metadata
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -96,22 +98,42 @@ def register_policy(name: str, factory: Callable[[Any], Any], config: type) -> N
     POLICIES.register(name, ComponentSpec(factory, config))
 
 
-def load_builtins() -> None:
-    """Import the packages whose modules register the built-in tasks, envs and policies."""
-    import mmrl.envs  # noqa: F401
-    import mmrl.policies  # noqa: F401
-    import mmrl.tasks  # noqa: F401
+PLUGIN_GROUP = "mmrl.plugins"
+"""Entry-point group through which packages register tasks, envs, policies and algorithm pieces. mmrl's own
+families register through it too (``pyproject.toml``), so this module imports nothing above it. An entry
+point names a module (importing it registers its components) or a function (called with no arguments)."""
+
+_loaded_plugins: list[str] = []
+
+
+def load_plugins() -> list[str]:
+    """Load every ``mmrl.plugins`` entry point once (mmrl's built-in families among them); returns their names."""
+    if _loaded_plugins:
+        return list(_loaded_plugins)
+    found = sorted(importlib.metadata.entry_points(group=PLUGIN_GROUP), key=lambda ep: (ep.dist is None, ep.name))
+    if not any(ep.value.startswith("mmrl.") for ep in found):
+        raise RuntimeError(f"no built-in {PLUGIN_GROUP} entry points: mmrl's install metadata is missing or stale; "
+                           f"reinstall it (pip install -e .)")
+    for ep in found:
+        try:
+            loaded = ep.load()
+        except Exception as err:
+            raise RuntimeError(f"{PLUGIN_GROUP} entry point {ep.name!r} ({ep.value}) failed to load: {err}") from err
+        if callable(loaded):
+            loaded()
+        _loaded_plugins.append(ep.name)
+    return list(_loaded_plugins)
 
 
 def make_task(task_id: str, args: Any = None) -> Any:
     """Build a registered task; ``args`` is its config dataclass or a mapping of its fields."""
-    load_builtins()
+    load_plugins()
     spec = TASKS.get(task_id)
     return spec.factory(_as_config(spec.config, args, "task.args"))
 
 
 def make_policy(name: str, args: Any = None) -> Any:
-    load_builtins()
+    load_plugins()
     spec = POLICIES.get(name)
     return spec.factory(_as_config(spec.config, args, "policy.args"))
 
@@ -119,6 +141,6 @@ def make_policy(name: str, args: Any = None) -> Any:
 def _as_config(config_cls: type, args: Any, path: str) -> Any:
     if isinstance(args, config_cls):
         return args
-    from mmrl.config import build
+    from mmrl.core.typed import build
 
     return build(config_cls, args or {}, path)

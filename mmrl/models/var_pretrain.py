@@ -31,9 +31,9 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
-from mmrl.config import build
+from mmrl.core.config import build
 from mmrl.models.var import MultiScaleVQ, NextScaleTransformer, VARSpec
-from mmrl.paths import resolve_asset
+from mmrl.core.paths import resolve_asset
 from mmrl.tasks.imagegen.shapes import ShapePrompt, all_prompts, is_ood, prompt_vocabulary, render
 
 SPEC_FILE, VQ_FILE, TRANSFORMER_FILE, INFO_FILE = ("var_spec.json", "vq.safetensors", "transformer.safetensors",
@@ -260,7 +260,7 @@ def load_var(folder: str | Path) -> tuple[MultiScaleVQ, NextScaleTransformer]:
 
 def cached_var(config: str | Path, progress: bool = True) -> Path:
     """The model folder of ``config``, pretrained once and cached (key: the config's content)."""
-    from mmrl.warm_start import cache_root
+    from mmrl.core.paths import cache_root
 
     _, raw = load_var_config(config)
     key = hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()[:16]

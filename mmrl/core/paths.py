@@ -3,9 +3,10 @@ installed inside the package as ``mmrl.configs`` and ``mmrl.assets``."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-_PACKAGE = Path(__file__).resolve().parent
+_PACKAGE = Path(__file__).resolve().parent.parent  # mmrl/
 _CHECKOUT = _PACKAGE.parent
 
 
@@ -32,3 +33,8 @@ def resolve_asset(path: str) -> Path:
     if inside.exists():
         return inside
     raise FileNotFoundError(f"{path} not found (looked in the working directory and {assets_dir()})")
+
+
+def cache_root() -> Path:
+    """Where built artefacts are cached (warm starts, pretrained embedded models): ``$MMRL_CACHE`` or ~/.cache/mmrl."""
+    return Path(os.environ.get("MMRL_CACHE", Path.home() / ".cache" / "mmrl"))

@@ -18,13 +18,10 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from mmrl.config import TrainConfig, to_dict
-from mmrl.contracts import Policy
-from mmrl.registry import make_policy, make_task
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("MMRL_CACHE", Path.home() / ".cache" / "mmrl"))
+from mmrl.core.config import TrainConfig, to_dict
+from mmrl.core.contracts import Policy
+from mmrl.core.paths import cache_root
+from mmrl.core.registry import make_policy, make_task
 
 
 # Warm-start fields added after caches existed: left out of the key while off, so every recipe
@@ -83,7 +80,7 @@ def export_warm_start(cfg: TrainConfig, out: str | Path, overwrite: bool = False
 
     The folder can then seed RL with ``policy.args.pretrained=<out>`` (policies that load one).
     """
-    from mmrl.config import ConfigError, dump_config
+    from mmrl.core.config import ConfigError, dump_config
 
     if cfg.warm_start.sft_steps < 1:
         raise ConfigError("warm_start.sft_steps must be >= 1 to run a supervised warm start")
@@ -153,7 +150,7 @@ def pretrain_vision(policy: Policy, task: Any, cfg: TrainConfig, rng: np.random.
     and SFT then locks the language model onto the answer prior before it reads them. The head is
     discarded afterwards; only the encoder's weights change.
     """
-    from mmrl.config import ConfigError
+    from mmrl.core.config import ConfigError
     from mmrl.policies.vlm import VLMPolicy
 
     ws = cfg.warm_start

@@ -29,9 +29,9 @@ from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from tqdm.auto import tqdm
 from transformers import CLIPTextConfig, CLIPTextModel, PreTrainedTokenizerFast
 
-from mmrl.config import build
-from mmrl.paths import resolve_asset
-from mmrl.policies.diffusion import save_pipeline
+from mmrl.core.config import build
+from mmrl.core.paths import resolve_asset
+from mmrl.models.diffusers_folder import save_pipeline
 from mmrl.tasks.imagegen.shapes import all_prompts, prompt_vocabulary, render
 
 PAD, EOS, UNK = "[PAD]", "[EOS]", "[UNK]"
@@ -178,7 +178,7 @@ def pretrain(config: str | Path, out: str | Path, progress: bool = True, overwri
 
 def cached_pipeline(config: str | Path, progress: bool = True) -> Path:
     """The pipeline of ``config``, pretrained once and cached (key: the config's content)."""
-    from mmrl.warm_start import cache_root
+    from mmrl.core.paths import cache_root
 
     _, raw = load_pretrain_config(config)
     key = hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()[:16]
@@ -191,7 +191,7 @@ def cached_pipeline(config: str | Path, progress: bool = True) -> Path:
 
 def run_pretrain(args) -> str:
     if json.loads(resolve_asset(str(args.config)).read_text()).get("kind") == "var":  # next-scale VAR model
-        from mmrl.var_pretrain import run_pretrain_var
+        from mmrl.models.var_pretrain import run_pretrain_var
 
         return run_pretrain_var(args)
     out = pretrain(args.config, args.out, progress=not args.no_progress, overwrite=args.overwrite, steps=args.steps)

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import types
-import typing
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,11 +21,8 @@ from mmrl.algos import (ADVANTAGE_ESTIMATORS, AGGREGATIONS, GAUSSIAN_KL_ESTIMATO
 from mmrl.algos.config import AlgoConfig
 from mmrl.algos.variants import (LOSS_TERMS, REHEARSAL_DIVERGENCES, ROLLOUT_STRATEGIES, TEMPERATURE_SCHEDULES,
                                  algo_needs, validate_extra)
-from mmrl.paths import recipes_dir
-
-
-class ConfigError(ValueError):
-    """A recipe or override that cannot be used; the message says how to fix it."""
+from mmrl.core.paths import recipes_dir
+from mmrl.core.typed import ConfigError, build, to_dict
 
 
 @dataclass(frozen=True)
@@ -140,7 +135,7 @@ class WarmStartConfig:
     vision_steps: int = 0
     """> 0: before SFT, pretrain the policy's vision encoder this many AdamW steps on the task's
     image labels (a linear head on pooled image features), the CPU analogue of a VLM's pretrained
-    ViT. The task must define ``vision_classes`` and ``vision_label`` (mmrl.warm_start.VisionLabels)."""
+    ViT. The task must define ``vision_classes`` and ``vision_label`` (mmrl.core.warm_start.VisionLabels)."""
     vision_lr: float = 3e-3
     """Learning rate of that vision pretraining (used only when ``vision_steps > 0``)."""
 
@@ -164,100 +159,6 @@ class TrainConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     log: LogConfig = field(default_factory=LogConfig)
-
-
-# ------------------------------------------------------------------------------------------------
-# Building typed configs from plain data
-
-
-def build(cls: type, data: Any, path: str = "") -> Any:
-    """Build dataclass ``cls`` from a mapping, checking keys and types recursively."""
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path or 'config'} must be a mapping, got {type(data).__name__}: {data!r}")
-    hints = typing.get_type_hints(cls)
-    valid = [f.name for f in fields(cls) if f.init]
-    unknown = [k for k in data if k not in valid]
-    if unknown:
-        where = f" in {path}" if path else ""
-        close = difflib.get_close_matches(str(unknown[0]), valid, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(f"unknown key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}{where}{hint}; "
-                          f"valid keys: {', '.join(valid)}")
-    kwargs = {}
-    for f in fields(cls):
-        if f.name not in data:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise ConfigError(f"missing required key {_join(path, f.name)!r}")
-            continue
-        kwargs[f.name] = _coerce(data[f.name], hints[f.name], _join(path, f.name))
-    return cls(**kwargs)
-
-
-def _join(path: str, key: str) -> str:
-    return f"{path}.{key}" if path else key
-
-
-def _coerce(value: Any, hint: Any, path: str) -> Any:
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if hint is Any:
-        return value
-    if is_dataclass(hint):
-        return build(hint, value, path)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for option in (a for a in args if a is not type(None)):
-            try:
-                return _coerce(value, option, path)
-            except ConfigError as err:
-                errors.append(str(err))
-        raise ConfigError(errors[0] if len(errors) == 1 else f"{path}: {value!r} fits none of {hint}")
-    if origin is Literal:
-        if value not in args:
-            raise ConfigError(f"{path} must be one of {', '.join(map(repr, args))}, got {value!r}")
-        return value
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{path} expects a list, got {value!r}")
-        return tuple(_coerce(v, args[0], f"{path}[{i}]") for i, v in enumerate(value))
-    if origin is dict or hint is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{path} expects a mapping, got {value!r}")
-        return dict(value)
-    if hint is float:
-        if isinstance(value, str):  # YAML 1.1 reads "3e-4" (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{path} expects a number, got {value!r}")
-        return float(value)
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{path} expects an integer, got {value!r}")
-        return value
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{path} expects true or false, got {value!r}")
-        return value
-    if hint is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{path} expects a string, got {value!r}")
-        return value
-    raise ConfigError(f"{path}: unsupported type {hint}")
-
-
-def to_dict(cfg: Any) -> Any:
-    """Plain data (for YAML) from a config, nested dataclasses and tuples included."""
-    if is_dataclass(cfg):
-        return {f.name: to_dict(getattr(cfg, f.name)) for f in fields(cfg)}
-    if isinstance(cfg, (list, tuple)):
-        return [to_dict(v) for v in cfg]
-    if isinstance(cfg, dict):
-        return {k: to_dict(v) for k, v in cfg.items()}
-    return cfg
 
 
 # ------------------------------------------------------------------------------------------------
@@ -324,9 +225,9 @@ def load_config(recipe: str, overrides: list[str] = ()) -> TrainConfig:
 
 def validate(cfg: TrainConfig) -> TrainConfig:
     """Resolve registered names and component args; check cross-field constraints."""
-    from mmrl.registry import POLICIES, TASKS, load_builtins
+    from mmrl.core.registry import POLICIES, TASKS, load_plugins
 
-    load_builtins()
+    load_plugins()
     task_spec, policy_spec = _lookup(TASKS, cfg.task.name), _lookup(POLICIES, cfg.policy.name)
     task_args = _component_args(task_spec.config, cfg.task.args, "task.args")
     policy_args = _component_args(policy_spec.config, cfg.policy.args, "policy.args")
@@ -400,7 +301,7 @@ def _component_args(config_cls: type, args: Any, path: str) -> Any:
 
 
 def _lookup(registry: Any, name: str) -> Any:
-    from mmrl.registry import UnknownNameError
+    from mmrl.core.registry import UnknownNameError
 
     try:
         return registry.get(name)

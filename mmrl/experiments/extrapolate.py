@@ -36,10 +36,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mmrl import checkpoint as ckpt
-from mmrl.config import ConfigError, TrainConfig, load_config
-from mmrl.contracts import Policy
-from mmrl.rollout import SamplingParams
+from mmrl.core import checkpoint as ckpt
+from mmrl.core.config import ConfigError, TrainConfig, load_config
+from mmrl.core.contracts import Policy
+from mmrl.core.rollout import SamplingParams
 
 
 def as_matrix(t: Tensor) -> Tensor:
@@ -128,8 +128,8 @@ def run_extrapolate(run: str | Path, observe: str, target: int, out: str | Path,
     """The ``mmrl extrapolate`` command: predict, save ``OUT/policy``, evaluate, write ``OUT/extrapolation.json``."""
     import transformers
 
-    from mmrl.registry import make_task
-    from mmrl.warm_start import build_initial_policy
+    from mmrl.core.registry import make_task
+    from mmrl.core.warm_start import build_initial_policy
 
     transformers.utils.logging.disable_progress_bar()
     run, out = Path(run), Path(out)

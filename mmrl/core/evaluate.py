@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from mmrl.config import ConfigError, TrainConfig, apply_overrides, build, load_yaml, resolve_recipe, validate
-from mmrl.contracts import Policy, RewardResult
-from mmrl.rollout import Rollout, SamplingParams
+from mmrl.core.config import ConfigError, TrainConfig, apply_overrides, build, load_yaml, resolve_recipe, validate
+from mmrl.core.contracts import Policy, RewardResult
+from mmrl.core.rollout import Rollout, SamplingParams
 
 RUN_CONFIG = "config.yaml"
 
@@ -96,10 +96,10 @@ def resolve(target: str, model: str | None, overrides: Sequence[str], policy_nam
       it), or a registered task id (``policy_name`` built from ``model``: ``pretrained=<model>``).
     The task is always ``target``'s when ``target`` is a task id. Overrides apply last.
     """
-    from mmrl import checkpoint as ckpt
-    from mmrl.registry import TASKS, load_builtins
+    from mmrl.core import checkpoint as ckpt
+    from mmrl.core.registry import TASKS, load_plugins
 
-    load_builtins()
+    load_plugins()
     is_task = target in TASKS.names()
     model_dir = Path(model) if model else None
     if model_dir is not None and not model_dir.is_dir():
@@ -128,7 +128,7 @@ def evaluate_target(target: str, model: str | None, overrides: Sequence[str], sp
                     s: EvalSettings, policy_name: str = "vlm", max_new_tokens: int | None = None
                     ) -> dict[str, dict[str, float]]:
     """Build the task and policy (:func:`resolve`), load the weights, evaluate every split."""
-    from mmrl.registry import make_policy, make_task
+    from mmrl.core.registry import make_policy, make_task
 
     cfg, weights = resolve(target, model, overrides, policy_name)
     task = make_task(cfg.task.name, cfg.task.args)

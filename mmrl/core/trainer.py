@@ -21,21 +21,21 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mmrl import checkpoint as ckpt
+from mmrl.core import checkpoint as ckpt
 from mmrl.algos import (ADVANTAGE_ESTIMATORS, GAUSSIAN_KL_ESTIMATORS, POLICY_LOSSES, SHAPING_HOOKS, AdvantageInputs,
                         ShapingContext, aggregate, drift_gate, groups_with_signal, kl_penalty, overlong_penalty,
                         truncated_is_weights, value_loss)
 from mmrl.algos.variants import (LOSS_TERMS, REHEARSAL_DIVERGENCES, ROLLOUT_STRATEGIES, TEMPERATURE_SCHEDULES,
                                  LossTermInputs, LossTermRows, PromptHistory, PromptTemperatures, algo_needs,
                                  perturbed_parameters, prompt_key, variant_params)
-from mmrl.config import ConfigError, TrainConfig, dump_config
-from mmrl.contracts import Policy, PolicyOutput, RewardResult
-from mmrl.engine import Engine
-from mmrl.evaluate import pass_at_k, rollout_metrics, verify
-from mmrl.logging import RunLogger, truncate_metrics
-from mmrl.registry import make_task
-from mmrl.rollout import Rollout, SamplingParams
-from mmrl.warm_start import build_initial_policy, warm_start_examples
+from mmrl.core.config import ConfigError, TrainConfig, dump_config
+from mmrl.core.contracts import Policy, PolicyOutput, RewardResult
+from mmrl.core.engine import Engine
+from mmrl.core.evaluate import pass_at_k, rollout_metrics, verify
+from mmrl.core.logging import RunLogger, truncate_metrics
+from mmrl.core.registry import make_task
+from mmrl.core.rollout import Rollout, SamplingParams
+from mmrl.core.warm_start import build_initial_policy, warm_start_examples
 
 
 @dataclass

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from mmrl.config import ConfigError, load_config
-from mmrl.logging import read_metrics
-from mmrl.registry import Registry, UnknownNameError
+from mmrl.core.config import ConfigError, load_config
+from mmrl.core.logging import read_metrics
+from mmrl.core.registry import Registry, UnknownNameError
 
 
 @dataclass(frozen=True)
@@ -132,7 +132,7 @@ def run_sweep(recipe: str, spec: SweepSpec, out: str | Path, pass_k: int) -> Pat
     """Train every (arm, seed) and write the table, JSON and plot; returns ``OUT/sweep.md``."""
     import transformers
 
-    from mmrl.trainer import Trainer
+    from mmrl.core.trainer import Trainer
 
     transformers.utils.logging.disable_progress_bar()
     out = Path(out)
