@@ -13,7 +13,7 @@ import torch
 from mmrl.cli import main
 from mmrl.core.config import ConfigError
 from mmrl.experiments.sweep import SWEEP_ARMS, mean_std, parse_sweep_arguments
-from mmrl.core.trainer import pass_at_k
+from mmrl.core.evaluate import pass_at_k
 
 TINY = ["trainer.steps=2", "eval.every=0", "eval.num_examples=8", "rollout.prompts_per_step=8", "rollout.group_size=4",
         "warm_start.sft_steps=20", "checkpoint.every=0", "log.tensorboard=false"]

@@ -16,7 +16,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from mmrl.core.config import TrainConfig, to_dict
+from mmrl.core.config import ConfigError, TrainConfig, dump_config, to_dict
+from mmrl.core.logging import truncate_metrics
 
 STATE_FILE = "trainer_state.json"
 
@@ -74,3 +75,37 @@ def finalize(tmp: Path, final: Path, state: dict[str, Any], keep_last: int) -> N
         steps = sorted(int(p.name.split("_")[1]) for p in final.parent.glob("step_*") if p.is_dir())
         for old in steps[:-keep_last]:
             shutil.rmtree(final.parent / f"step_{old}", ignore_errors=True)
+
+
+def save(engine: Any, policy: Any, out: Path, step: int, state: dict[str, Any], keep_last: int) -> None:
+    """Write ``checkpoints/step_<step>``: accelerate's state (model, optimizer, scheduler, every process's RNG
+    states), the policy in its ecosystem's format (``policy/``) and ``state``; atomically, all processes."""
+    final = checkpoint_dir(out, step)
+    tmp = final.with_name(f".{final.name}.tmp")
+    if engine.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+    engine.wait()
+    engine.accelerator.save_state(str(tmp))
+    engine.wait()  # every process has written its RNG state into tmp before it is renamed
+    if engine.is_main:
+        policy.save_pretrained(str(tmp / "policy"))
+        finalize(tmp, final, state, keep_last)
+    engine.wait()
+
+
+def load(engine: Any, out: Path, cfg: TrainConfig) -> dict[str, Any]:
+    """Restore the latest checkpoint of run ``out`` into the engine's objects; returns its state. The config
+    may differ from the checkpoint's only in :data:`RESUMABLE` fields."""
+    path = latest_checkpoint(out)
+    if path is None:
+        raise FileNotFoundError(f"--resume {out}: no checkpoint in {out / 'checkpoints'}")
+    state = read_state(path)
+    if state["config_fingerprint"] != config_fingerprint(cfg):
+        raise ConfigError(f"{path} was written with a different config (only "
+                          f"{sorted('.'.join(k) for k in resumable_changes(cfg))} may change on resume); "
+                          f"compare with {out / 'config.yaml'}")
+    engine.accelerator.load_state(str(path))
+    if engine.is_main:
+        truncate_metrics(out, state["step"])
+        dump_config(cfg, out / "config.yaml")
+    return state

@@ -54,6 +54,11 @@ class RolloutConfig:
     parameters (PSN-RLVR, arXiv 2602.02555); needs ``trainer.recompute_logp_old`` and ``algo.tis_cap``
     (truncated IS back to the unperturbed policy). 0: off."""
 
+    @property
+    def samples_per_group(self) -> int:
+        """Rows sampled per example: ``group_size`` less the injected ``reference_rows``."""
+        return self.group_size - self.reference_rows
+
 
 @dataclass(frozen=True)
 class TrainerConfig:
@@ -263,6 +268,12 @@ def validate(cfg: TrainConfig) -> TrainConfig:
                         "trainer.recompute_logp_old: true and algo.tis_cap (e.g. 2.0) for truncated IS")
     if cfg.eval.pass_k < 0:
         problems.append(f"eval.pass_k must be >= 0, got {cfg.eval.pass_k}")
+    if a.bc_coef > 0 and cfg.trainer.ref_model == "none":
+        problems.append("algo.bc_coef > 0 gates the BC regulariser by the KL to a reference: set "
+                        "trainer.ref_model: copy (or adapter_disabled); algo.kl_coef may stay 0")
+    if a.bc_coef > 0 and cfg.warm_start.sft_steps <= 0:
+        problems.append("algo.bc_coef > 0 regularises toward the warm start's own examples (VLA-RFT reuses the "
+                        "SFT data): it needs warm_start.sft_steps > 0")
     if a.kl_coef > 0 and cfg.trainer.ref_model == "none":
         problems.append("algo.kl_coef > 0 needs a reference: trainer.ref_model: copy (or adapter_disabled)")
     if a.kl_in_reward_coef > 0 and cfg.trainer.ref_model == "none":

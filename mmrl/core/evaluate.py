@@ -23,7 +23,7 @@ import torch
 
 from mmrl.core.config import ConfigError, TrainConfig, apply_overrides, build, load_yaml, resolve_recipe, validate
 from mmrl.core.contracts import Policy, RewardResult
-from mmrl.core.rollout import Rollout, SamplingParams
+from mmrl.core.rollout import Rollout, SamplingParams, derive_seed
 
 RUN_CONFIG = "config.yaml"
 
@@ -53,6 +53,27 @@ def pass_at_k(scores: torch.Tensor, example_index: torch.Tensor, num_examples: i
     passes = torch.zeros(num_examples, dtype=torch.float64).index_add_(0, example_index,
                                                                        (scores >= threshold).double())
     return float((passes > 0).double().mean())
+
+
+@torch.no_grad()
+def held_out_metrics(policy: Policy, task: Any, cfg: TrainConfig, engine: Any, all_examples: Sequence[Any], step: int,
+                     index: int) -> dict[str, float]:
+    """The trainer's held-out metrics on one split (``index`` 0 is ``eval.split``, which also gets pass@k):
+    each process evaluates its share at ``eval.temperature``; the means are over all processes' examples."""
+    e = cfg.eval
+    examples = all_examples[engine.rank::engine.world_size]
+    seed = derive_seed(e.seed, step, engine.rank) if index == 0 else derive_seed(e.seed, step, engine.rank, 100 + index)
+    rollout = policy.rollout(examples, 1, SamplingParams(e.temperature, 1.0, cfg.rollout.max_new_tokens), seed)
+    results = verify(task, cfg.task.name, rollout, examples)
+    metrics = rollout_metrics(task, examples, rollout, results)
+    if e.pass_k and index == 0:
+        sampled = policy.rollout(examples, e.pass_k, SamplingParams(e.pass_temperature, 1.0, cfg.rollout.max_new_tokens),
+                                 derive_seed(e.seed, step, engine.rank, 1))
+        scores = torch.tensor([r.score for r in verify(task, cfg.task.name, sampled, examples)], dtype=torch.float64)
+        metrics[f"pass@{e.pass_k}"] = pass_at_k(scores, sampled.example_index, len(examples), e.pass_threshold)
+        metrics[f"mean@{e.pass_k}"] = float(scores.mean())
+    n, total = len(results), engine.sum(len(results))
+    return {key: engine.sum(value * n) / total for key, value in metrics.items()}
 
 
 @dataclass(frozen=True)

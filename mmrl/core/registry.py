@@ -58,6 +58,10 @@ class Registry(Generic[T]):
     def names(self) -> list[str]:
         return sorted(self._entries)
 
+    def entries(self) -> list[tuple[str, T]]:
+        """(name, entry) pairs in registration order."""
+        return list(self._entries.items())
+
     def __contains__(self, name: object) -> bool:
         return name in self._entries
 

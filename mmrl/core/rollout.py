@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -29,6 +30,11 @@ class Payload(Protocol):
     @classmethod
     def concat(cls: type[P], parts: Sequence[P]) -> P:
         """Stack payloads of several rollouts (padding as the policy needs)."""
+
+
+def derive_seed(*parts: int) -> int:
+    """A 32-bit seed from integer parts (run seed, step, round, ...), independent across different parts."""
+    return int(np.random.SeedSequence([p & 0xFFFFFFFF for p in parts]).generate_state(1)[0])
 
 
 @dataclass(frozen=True)

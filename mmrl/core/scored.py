@@ -30,6 +30,8 @@ class Scored:
     outcome: Tensor  # [N] verifiable scores
     rewards: Tensor  # [N] scores after reward shaping (e.g. the overlong penalty)
     stats: dict[str, float] = field(default_factory=dict)
+    # [N] per-row estimator inputs set by rollout hooks' ``finish`` (``AdvantageInputs`` field name → tensor)
+    row_inputs: dict[str, Tensor] = field(default_factory=dict)
 
     def select(self, rows: Tensor) -> Scored:
         """Rows ``rows`` (bool [N]) with the examples they answer, renumbered in example order."""

@@ -9,7 +9,7 @@ Importing this package registers them: estimators ``psr``, ``nsr``, ``w_reinforc
 dataclasses in each module); trainer needs: :func:`~mmrl.algos.variants.params.algo_needs`.
 """
 
-from mmrl.algos.variants import outcome, shaping  # noqa: F401  (registration)
+from mmrl.algos.variants import hooks, outcome, shaping  # noqa: F401  (registration)
 from mmrl.algos.variants.adaptive_sampling import ROLLOUT_STRATEGIES, RolloutStrategy
 from mmrl.algos.variants.divergences import REHEARSAL_DIVERGENCES
 from mmrl.algos.variants.history import PromptHistory, prompt_key

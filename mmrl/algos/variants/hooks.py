@@ -1,0 +1,324 @@
+"""The built-in hooks (``mmrl.algos.hooks``), in the order they apply.
+
+Rollout hooks — ``draw`` wrappers nest first-outermost, ``refine`` runs in this order:
+
+- ``param_noise`` (PSN-RLVR): rollouts from perturbed weights (``rollout.param_noise_std`` > 0);
+- ``reference_rows`` (ViSurf): the task's reference output joins each group (``rollout.reference_rows`` > 0);
+- ``prompt_temperature`` (ERPO): each prompt sampled at its own temperature (``algo.temperature_schedule``),
+  its table updated from the round's rows, reference rows included;
+- ``rollout_strategy`` (AERO): more samples for some prompts, then a row selection (``algo.rollout_strategy``);
+- ``dynamic_sampling`` (DAPO): rounds of new prompts until enough groups carry signal (``algo.dynamic_sampling``);
+- ``prompt_history`` (MSSR / AERO's Beta posterior): per-prompt outcome counts for the estimator.
+
+Loss hooks, in the order their terms are added:
+
+- ``loss_terms`` (CalibRL): registered per-token terms (``algo.loss_terms``), with expert rows when needed;
+- ``behaviour_cloning`` (VLA-RFT): drift-gated BC on the warm start's examples (``algo.bc_coef`` > 0);
+- ``rehearsal`` (DPH-RL): an f-divergence to π_0 on its own always-solved samples (``algo.rehearsal_divergence``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from mmrl.algos.aggregation import aggregate
+from mmrl.algos.hooks import (LOSS_HOOKS, ROLLOUT_HOOKS, Draw, HookContext, HookSpec, LossHook, MicroBatch, Round,
+                              RolloutHook, UpdateIndex)
+from mmrl.algos.regularizers import drift_gate
+from mmrl.algos.sampling import groups_with_signal
+from mmrl.algos.variants.adaptive_sampling import ROLLOUT_STRATEGIES
+from mmrl.algos.variants.divergences import REHEARSAL_DIVERGENCES
+from mmrl.algos.variants.history import PromptHistory, prompt_key
+from mmrl.algos.variants.loss_terms import LOSS_TERMS, LossTermInputs, LossTermRows
+from mmrl.algos.variants.param_noise import perturbed_parameters
+from mmrl.algos.variants.params import algo_needs, variant_params
+from mmrl.algos.variants.prompt_temperature import TEMPERATURE_SCHEDULES, PromptTemperatures
+from mmrl.core.rollout import Rollout, SamplingParams, derive_seed
+from mmrl.core.scored import Scored
+
+
+def training_sampling(cfg: Any) -> SamplingParams:
+    return SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_new_tokens)
+
+
+# ------------------------------------------------------------------------------------------------
+# Rollout hooks
+
+class ParamNoise(RolloutHook):
+    """PSN-RLVR (arXiv 2602.02555): each draw from θ + N(0, σ²) noise, one noise draw per call."""
+
+    def __init__(self, ctx: HookContext):
+        self.policy, self.std = ctx.policy, ctx.cfg.rollout.param_noise_std
+
+    def draw(self, examples, group_size, sampling, seed, inner: Draw) -> Rollout:
+        with perturbed_parameters(self.policy, self.std, derive_seed(seed, 13)):
+            return inner(examples, group_size, sampling, seed)
+
+
+class PromptTemperature(RolloutHook):
+    """Per-prompt sampling temperatures (``algo.temperature_schedule``; ERPO). A round's groups are drawn at
+    the temperatures its prompts had when it began, one sampling call per distinct temperature; the table is
+    updated from each round's outcomes and checkpointed."""
+
+    def __init__(self, ctx: HookContext):
+        self.cfg, self.engine = ctx.cfg, ctx.engine
+        self.schedule = TEMPERATURE_SCHEDULES.get(ctx.cfg.algo.temperature_schedule)
+        self.table = PromptTemperatures()
+        self.current: dict[str, float] = {}  # this round's prompts → their temperature
+        self.temperature_sum, self.rounds = 0.0, 0
+
+    def begin_round(self, examples: Sequence[Any]) -> None:
+        keys = [prompt_key(e) for e in examples]
+        temperatures = self.table.lookup(keys, self.cfg.rollout.temperature)
+        self.current = dict(zip(keys, temperatures.tolist()))
+        self.temperature_sum += float(temperatures.mean())
+        self.rounds += 1
+
+    def draw(self, examples, group_size, sampling, seed, inner: Draw) -> Rollout:
+        temperatures = torch.tensor([self.current[prompt_key(e)] for e in examples], dtype=torch.float64)
+        if bool((temperatures == sampling.temperature).all()):
+            return inner(examples, group_size, sampling, seed)
+        parts = []
+        for value in sorted(set(temperatures.tolist())):
+            chosen = (temperatures == value).nonzero().squeeze(1)
+            part = inner([examples[i] for i in chosen.tolist()], group_size,
+                         dataclasses.replace(sampling, temperature=value), derive_seed(seed, round(value * 1e6), 23))
+            index = chosen[part.example_index]  # back to indices into ``examples``
+            parts.append(part.replace(example_index=index, group_id=index.clone()))
+        rollout = Rollout.concat(parts)
+        return rollout.select(torch.argsort(rollout.example_index, stable=True))
+
+    def refine(self, part: Scored, round_: Round) -> Scored:
+        keys = [prompt_key(e) for e in part.examples]
+        temperatures = torch.tensor([self.current[k] for k in keys], dtype=torch.float64)
+        following = self.schedule(temperatures, part.outcome, part.rollout.example_index, self.cfg.rollout.temperature,
+                                  self.cfg.algo)
+        self.table.update(*self.engine.gather_objects(keys, following.tolist()), self.cfg.rollout.temperature)
+        return part
+
+    def metrics(self) -> dict[str, float]:
+        out = {"rollout/temperature_mean": self.engine.mean(self.temperature_sum / self.rounds),
+               "rollout/hot_prompts": len(self.table)}
+        self.temperature_sum, self.rounds = 0.0, 0
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"prompt_temperatures": self.table.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.table.load_state_dict(state["prompt_temperatures"])
+
+
+class ReferenceRows(RolloutHook):
+    """ViSurf (arXiv 2510.10606): ``rollout.reference_rows`` rows per group hold the task's reference output,
+    scored by the current policy (π_old is the policy's own probability of the reference). The trainer draws
+    ``group_size − reference_rows`` samples per prompt when this hook is on."""
+
+    def __init__(self, ctx: HookContext):
+        self.ctx, self.copies = ctx, ctx.cfg.rollout.reference_rows
+
+    def refine(self, part: Scored, round_: Round) -> Scored:
+        examples, task = part.examples, self.ctx.task
+        index = torch.arange(len(examples)).repeat_interleave(self.copies)
+        references = self.ctx.policy.rollout_from_outputs([examples[i] for i in index.tolist()],
+                                                          [task.reference_output(examples[i]) for i in index.tolist()],
+                                                          round_.sampling)
+        return part.extend(self.ctx.score(references.replace(example_index=index, group_id=index.clone()), examples))
+
+
+class RolloutStrategy(RolloutHook):
+    """``algo.rollout_strategy`` (mmrl/algos/variants/adaptive_sampling.py; AERO): draw the extra samples the
+    strategy asks for, per example, until it asks for none; then keep the rows it selects."""
+
+    def __init__(self, ctx: HookContext):
+        self.ctx, self.strategy = ctx, ROLLOUT_STRATEGIES.get(ctx.cfg.algo.rollout_strategy)
+
+    def refine(self, part: Scored, round_: Round) -> Scored:
+        a, examples = self.ctx.cfg.algo, part.examples
+        for extra_round in itertools.count(1):  # the strategy bounds the rounds (AERO: its per-prompt budget)
+            more = self.strategy.more(part.outcome, part.rollout.example_index, len(examples), a)  # [E]
+            if not torch.any(more > 0):
+                break
+            for count in sorted(set(more[more > 0].tolist())):  # one sampling call per requested count
+                asked = (more == count).nonzero().squeeze(1)
+                rollout = round_.draw([examples[i] for i in asked.tolist()], count, round_.sampling,
+                                      derive_seed(round_.seed, extra_round, count, 11))
+                index = asked[rollout.example_index]  # back to indices into ``examples``
+                part = part.extend(self.ctx.score(rollout.replace(example_index=index, group_id=index.clone()),
+                                                  examples))
+        generator = torch.Generator().manual_seed(derive_seed(round_.seed, 12))
+        keep = self.strategy.keep(part.outcome, part.rollout.example_index, a, generator)
+        return part if bool(keep.all()) else part.select(keep)
+
+
+class DynamicSampling(RolloutHook):
+    """DAPO dynamic sampling: rounds of new prompts until every process holds its share of groups whose
+    verifiable outcome varies (at most ``algo.max_gen_rounds``); short batches are filled with flat groups.
+    All processes run the same number of rounds."""
+
+    drives_rounds = True
+
+    def __init__(self, ctx: HookContext):
+        self.cfg, self.engine = ctx.cfg, ctx.engine
+        self.last: dict[str, float] = {}
+
+    def rounds(self, one_round: Callable[[int], Scored]) -> Scored:
+        eng, per_rank = self.engine, self.cfg.rollout.prompts_per_step // self.engine.world_size
+        kept, dropped, n_dropped = [], [], 0
+        for index in range(self.cfg.algo.max_gen_rounds):
+            part = one_round(index)
+            signal = groups_with_signal(part.outcome, part.rollout.group_id)
+            kept.append(part.select(signal))
+            dropped.append(part.select(~signal))
+            n_dropped += int((~signal).sum()) // self.cfg.rollout.group_size
+            if not eng.any(sum(len(b.examples) for b in kept) < per_rank):
+                break
+        self.last = {"rollout/gen_rounds": index + 1, "rollout/dropped_groups": eng.sum(n_dropped)}
+        return Scored.merge(kept + dropped, per_rank)
+
+    def metrics(self) -> dict[str, float]:
+        return self.last
+
+
+class PromptHistoryHook(RolloutHook):
+    """Per-prompt success / failure pseudo-counts from earlier steps, for estimators that declare the
+    ``prompt_history`` need (``AdvantageInputs.prompt_successes`` / ``prompt_failures``); this step's outcomes
+    are added after the lookup, on every process, unless a reward is not finite (the step is skipped)."""
+
+    def __init__(self, ctx: HookContext):
+        self.engine, self.history = ctx.engine, PromptHistory()
+
+    def finish(self, batch: Scored) -> Scored:
+        keys = [prompt_key(batch.examples[i]) for i in batch.rollout.example_index.tolist()]
+        successes, failures = self.history.lookup(keys)
+        all_keys, outcomes = self.engine.gather_objects(keys, batch.outcome.tolist())
+        if np.isfinite(outcomes).all():
+            self.history.update(all_keys, outcomes)
+        return dataclasses.replace(batch, row_inputs={"prompt_successes": successes, "prompt_failures": failures})
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"prompt_history": self.history.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.history.load_state_dict(state["prompt_history"])
+
+
+ROLLOUT_HOOKS.register("param_noise", HookSpec(lambda cfg: cfg.rollout.param_noise_std > 0, ParamNoise))
+ROLLOUT_HOOKS.register("reference_rows", HookSpec(lambda cfg: cfg.rollout.reference_rows > 0, ReferenceRows))
+ROLLOUT_HOOKS.register("prompt_temperature", HookSpec(lambda cfg: cfg.algo.temperature_schedule != "fixed",
+                                                      PromptTemperature))
+ROLLOUT_HOOKS.register("rollout_strategy", HookSpec(lambda cfg: cfg.algo.rollout_strategy != "plain",
+                                                    RolloutStrategy))
+ROLLOUT_HOOKS.register("dynamic_sampling", HookSpec(lambda cfg: cfg.algo.dynamic_sampling, DynamicSampling))
+ROLLOUT_HOOKS.register("prompt_history", HookSpec(lambda cfg: "prompt_history" in algo_needs(cfg.algo),
+                                                  PromptHistoryHook))
+
+
+# ------------------------------------------------------------------------------------------------
+# Loss hooks
+
+class LossTerms(LossHook):
+    """``algo.loss_terms``: registered per-token terms (mmrl/algos/variants/loss_terms.py), aggregated like the
+    policy loss. With the ``expert_rows`` need (CalibRL), π_old's log-probs of the task's reference output
+    for each row's prompt are scored by the current policy before the update."""
+
+    def __init__(self, ctx: HookContext):
+        self.ctx, self.rows = ctx, None
+        self.with_expert = "expert_rows" in algo_needs(ctx.cfg.algo)
+
+    def prepare(self, batch: Scored) -> None:
+        if not self.with_expert:
+            self.rows = LossTermRows(batch.outcome, None, None)
+            return
+        references = [self.ctx.task.reference_output(e) for e in batch.examples]
+        expert = self.ctx.policy.rollout_from_outputs(batch.examples, references, training_sampling(self.ctx.cfg))
+        index = batch.rollout.example_index
+        self.rows = LossTermRows(batch.outcome, expert.logp[index], expert.mask[index])
+
+    def micro_term(self, micro: MicroBatch) -> tuple[Tensor | None, dict[str, float]]:
+        a, total, metrics = self.ctx.cfg.algo, None, {}
+        inputs = LossTermInputs(micro.logp, micro.logp_old, micro.advantages, micro.mask, self.rows.select(micro.rows))
+        for name in a.loss_terms:
+            per_token, term_metrics = LOSS_TERMS.get(name)(inputs, a)
+            value = aggregate(per_token, micro.mask, a.loss_agg, **micro.denominators)
+            total = value if total is None else total + value
+            metrics |= {f"loss/{name}": value.item(), **{k: float(v) for k, v in term_metrics.items()}}
+        return total, metrics
+
+
+class BehaviourCloning(LossHook):
+    """VLA-RFT's drift-gated BC regulariser: ``bc_coef`` · clamp(KL_ref / ``bc_kl_threshold``, 0, 1) · the
+    policy's ``sft_loss`` on ``bc_batch_size`` of the warm start's own examples and reference outputs, weighted
+    so that a minibatch adds it once. Needs a reference model (the gate) and a warm start (the data)."""
+
+    def __init__(self, ctx: HookContext):
+        self.ctx = ctx
+        self.pool = ctx.warm_start_examples()
+
+    def micro_term(self, micro: MicroBatch) -> tuple[Tensor | None, dict[str, float]]:
+        a = self.ctx.cfg.algo
+        if micro.kl_ref is None:
+            return None, {}
+        gate = drift_gate(micro.kl_ref, a.bc_kl_threshold)
+        if gate <= 0:
+            return None, {"policy/bc_gate": gate}
+        loss = self.bc_loss(micro.index)
+        term = a.bc_coef * gate * loss * (len(micro.rows) / micro.denominators["num_seqs"])
+        return term, {"policy/bc_gate": gate, "loss/bc": loss.item()}
+
+    def bc_loss(self, index: UpdateIndex) -> Tensor:
+        """The supervised loss on a draw seeded by the step and the policy version (the same after ``--resume``)."""
+        policy, task = self.ctx.policy, self.ctx.task
+        rng = np.random.default_rng(derive_seed(self.ctx.cfg.trainer.seed, index.step, policy.version, 23))
+        examples = [self.pool[i] for i in rng.choice(len(self.pool), self.ctx.cfg.algo.bc_batch_size)]
+        with self.ctx.engine.autocast():
+            return policy.sft_loss(examples, [task.reference_output(e) for e in examples]).float()
+
+
+class Rehearsal(LossHook):
+    """DPH-RL (arXiv 2509.07430): ``coef`` × the token-mean of ``algo.rehearsal_divergence`` between π_θ and
+    π_0 on ``rows_per_update`` rows of the rehearsal set, once per optimizer step. The set — π_0's samples of
+    the training prompts it always solves, with π_0's log-probs — is built from the initial weights when the
+    hook is made (before a checkpoint is loaded on ``--resume``), from seeds of the config, so it is the same
+    every time and need not be stored."""
+
+    def __init__(self, ctx: HookContext):
+        self.ctx, cfg = ctx, ctx.cfg
+        self.params = variant_params(cfg.algo, "dph_rl")
+        examples = ctx.task.sample_batch("train", self.params.rehearsal_prompts,
+                                         np.random.default_rng(derive_seed(cfg.trainer.seed, 17)))
+        rollout = ctx.policy.rollout(examples, self.params.samples_per_prompt, training_sampling(cfg),
+                                     derive_seed(cfg.trainer.seed, 18))
+        success = torch.tensor([r.score >= self.params.success_threshold for r in ctx.score(rollout, examples).results])
+        failures = torch.zeros(len(examples)).index_add_(0, rollout.example_index, (~success).float())
+        always_solved = (failures == 0)[rollout.example_index]
+        self.rows = rollout.select(always_solved.nonzero().squeeze(1))
+
+    def update_term(self, index: UpdateIndex) -> tuple[Tensor, dict[str, float]] | None:
+        if not self.rows.num_rows:
+            return None
+        seed = derive_seed(self.ctx.cfg.trainer.seed, index.step, index.epoch, index.minibatch, 19)
+        pick = torch.randperm(self.rows.num_rows, generator=torch.Generator().manual_seed(seed))
+        rows = self.rows.select(pick[:self.params.rows_per_update])
+        device = self.ctx.engine.device
+        mask = rows.mask.to(device)
+        with self.ctx.engine.autocast():
+            logp = self.ctx.model(rows).logp.float()
+        divergence = REHEARSAL_DIVERGENCES.get(self.ctx.cfg.algo.rehearsal_divergence)
+        value = aggregate(divergence(logp, rows.logp.to(device), self.params) * mask, mask, "token-mean")
+        return value * self.params.coef, {"loss/rehearsal": value.item()}
+
+    def metrics(self) -> dict[str, float]:
+        return {"rollout/rehearsal_rows": self.rows.num_rows}
+
+
+LOSS_HOOKS.register("loss_terms", HookSpec(lambda cfg: bool(cfg.algo.loss_terms), LossTerms))
+LOSS_HOOKS.register("behaviour_cloning", HookSpec(lambda cfg: cfg.algo.bc_coef > 0, BehaviourCloning))
+LOSS_HOOKS.register("rehearsal", HookSpec(lambda cfg: cfg.algo.rehearsal_divergence is not None, Rehearsal))
