@@ -148,7 +148,9 @@ def test_trainer_keeps_expert_rows_out_of_the_group_and_feeds_their_old_log_prob
     batch = trainer.collect()
     # only sampled rows are trained (and enter the baseline): the expert has no row, hence no PPO gradient
     assert batch.rollout.num_rows == 8 * 4 and batch.stats["rollout/generated"] == 8 * 4
-    term_rows = trainer.loss_term_rows(batch)
+    hook = dict(trainer.loss_hooks)["loss_terms"]
+    hook.prepare(batch)
+    term_rows = hook.rows
     references = [trainer.task.reference_output(e) for e in batch.examples]
     expert = trainer.policy.rollout_from_outputs(batch.examples, references, SamplingParams(1.0, 1.0, 8))
     index = batch.rollout.example_index

@@ -53,7 +53,7 @@ def rows(out):
 
 def test_rehearsal_set_holds_only_always_solved_prompts(tmp_path):
     trainer = Trainer(load_config("sanity/tiny_cpu", [*OVERRIDES, "trainer.steps=1"]), tmp_path / "run")
-    rehearsal = trainer.rehearsal
+    rehearsal = dict(trainer.loss_hooks)["rehearsal"].rows
     assert rehearsal.num_rows > 0 and rehearsal.num_rows % 4 == 0  # whole groups of k = 4
     assert all(torch.bincount(rehearsal.example_index)[rehearsal.example_index] == 4)
     # its log-probs are π_0's: re-scoring with the initial weights gives them back

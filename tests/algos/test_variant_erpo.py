@@ -147,7 +147,7 @@ def test_table_is_checkpointed_and_resume_is_exact(tmp_path):
     train(load_config("sanity/tiny_cpu", [*base, "trainer.steps=6"]), tmp_path / "full")
     train(load_config("sanity/tiny_cpu", [*base, "trainer.steps=3"]), tmp_path / "resumed")
     state = json.loads((tmp_path / "resumed" / "checkpoints" / "step_3" / "trainer_state.json").read_text())
-    assert len(state["prompt_temperatures"]) > 0 and all(t > 1.0 for t in state["prompt_temperatures"].values())
+    assert len(state["hooks"]["prompt_temperature"]["prompt_temperatures"]) > 0 and all(t > 1.0 for t in state["hooks"]["prompt_temperature"]["prompt_temperatures"].values())
     Trainer(load_config("sanity/tiny_cpu", [*base, "trainer.steps=6"]), tmp_path / "resumed", resume=True).train()
     full = rows_of(tmp_path / "full")
     assert rows_of(tmp_path / "resumed") == full

@@ -52,8 +52,8 @@ def test_behaviour_entropy_and_history_reach_the_algorithms(tmp_path):
     assert torch.all(entropy[mask > 0] > 0) and torch.all(entropy[mask == 0] == 0)
     # first visit of every prompt: the history baseline is the prior mean 1/2, so A = r − 1/2 (+ bonus ≥ 0)
     assert torch.all(adv[:, 0] >= batch.outcome - 0.5 - 1e-6)
-    assert len(trainer.history) == len(set(e.digits for e in batch.examples))
-    total = sum(s + f for s, f in trainer.history.counts.values())
+    assert len(dict(trainer.rollout_hooks)["prompt_history"].history) == len(set(e.digits for e in batch.examples))
+    total = sum(s + f for s, f in dict(trainer.rollout_hooks)["prompt_history"].history.counts.values())
     assert total == pytest.approx(len(batch.outcome))
 
 
@@ -62,7 +62,7 @@ def test_history_is_checkpointed_and_resume_is_exact(tmp_path):
     out = tmp_path / "resumed"
     train_rows(out, "trainer.steps=3")
     state = json.loads((out / "checkpoints" / "step_3" / "trainer_state.json").read_text())
-    assert len(state["prompt_history"]) > 0
+    assert len(state["hooks"]["prompt_history"]["prompt_history"]) > 0
     cfg = load_config("sanity/tiny_cpu", [*QUIET, *SHORT, *MSSR, "trainer.steps=6", "checkpoint.every=3",
                                           "eval.every=3"])
     Trainer(cfg, out, resume=True).train()
