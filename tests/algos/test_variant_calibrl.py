@@ -159,7 +159,7 @@ def test_trainer_keeps_expert_rows_out_of_the_group_and_feeds_their_old_log_prob
     with torch.no_grad():  # π_old of the expert: the policy's own log-prob of it before the update
         assert_close(trainer.policy(expert).logp * expert.mask, expert.logp)
     adv, returns, reference = trainer.advantages(batch)
-    metrics = trainer.update(batch.rollout, adv, returns, reference, term_rows)
+    metrics = trainer.update(batch.rollout, adv, returns, reference)  # the hook prepared above
     assert math.isfinite(metrics["loss/calibrl"]) and metrics["loss/calibrl"] != 0.0
     assert math.isfinite(metrics["loss/total"]) and 0 <= metrics["policy/calibrl_pass_rate"] <= 1
     assert trainer.skipped_updates == 0
