@@ -91,20 +91,26 @@ def test_a_prompt_solved_by_its_whole_group_is_resampled_hotter(tmp_path):
     cfg = load_config("sanity/tiny_cpu", [*QUIET, *SHORT, *erpo_overrides(), "trainer.steps=1", "eval.every=0",
                                           "algo.extra={erpo: {delta: 0.25, max_temperature: 1.5}}"])
     trainer = Trainer(cfg, tmp_path / "run")
+    hook = dict(trainer.rollout_hooks)["prompt_temperature"]
+
+    def temperatures_of(batch):
+        hook.begin_round(batch)
+        return torch.tensor([hook.current[prompt_key(e)] for e in batch], dtype=torch.float64)
+
     examples = trainer.task.sample_batch("train", 3, np.random.default_rng(0))
-    assert trainer.sampling_temperatures(examples).tolist() == [1.0, 1.0, 1.0]
+    assert temperatures_of(examples).tolist() == [1.0, 1.0, 1.0]
     # a scored group per example: 0 answered right twice (all-correct), 1 right and wrong (mixed), 2 wrong twice
     answers = [trainer.task.reference_output(examples[0])] * 2 + [trainer.task.reference_output(examples[1]), "0",
                                                                    "0", "0"]
     index = torch.tensor([0, 0, 1, 1, 2, 2])
     rows = trainer.policy.rollout_from_outputs([examples[i] for i in index.tolist()], answers, SamplingParams())
     part = trainer.score(rows.replace(example_index=index, group_id=index.clone()), examples)
-    trainer.update_prompt_temperatures(part, trainer.sampling_temperatures(examples))
-    temperatures = trainer.sampling_temperatures(examples)
+    hook.refine(part, None)
+    temperatures = temperatures_of(examples)
     assert temperatures.tolist() == [1.25, 1.0, 1.0]
-    assert trainer.prompt_temperatures.state_dict() == {prompt_key(examples[0]): 1.25}
+    assert hook.table.state_dict() == {prompt_key(examples[0]): 1.25}
     # next time: example 0's group is drawn at 1.25, the others at T_0; rows in example order, ratio exactly 1
-    rollout = trainer.sample(examples, 4, SamplingParams(1.0, 1.0, 8), 5, temperatures)
+    rollout = trainer.draw(examples, 4, SamplingParams(1.0, 1.0, 8), 5)
     assert rollout.example_index.tolist() == [0] * 4 + [1] * 4 + [2] * 4
     assert rollout.payload.temperature.tolist() == [1.25] * 4 + [1.0] * 8
     with torch.no_grad():
@@ -117,9 +123,9 @@ def test_a_prompt_solved_by_its_whole_group_is_resampled_hotter(tmp_path):
     # a mixed group resets the prompt: its next group is at T_0 again
     again = trainer.policy.rollout_from_outputs([examples[0]] * 2, [answers[0], "0"], SamplingParams())
     zero = torch.zeros(2, dtype=torch.long)
-    trainer.update_prompt_temperatures(trainer.score(again.replace(example_index=zero, group_id=zero.clone()),
-                                                     examples[:1]), temperatures[:1])
-    assert trainer.sampling_temperatures(examples).tolist() == [1.0, 1.0, 1.0] and len(trainer.prompt_temperatures) == 0
+    hook.begin_round(examples[:1])
+    hook.refine(trainer.score(again.replace(example_index=zero, group_id=zero.clone()), examples[:1]), None)
+    assert temperatures_of(examples).tolist() == [1.0, 1.0, 1.0] and len(hook.table) == 0
 
 
 def test_rollouts_at_different_temperatures_concatenate_and_select():
