@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+from mmrl.algos.hooks import UpdateIndex
+
 import mmrl.envs  # noqa: F401
 import mmrl.tasks  # noqa: F401
 from mmrl.envs.world_model import WorldModelVectorEnv
@@ -131,7 +133,10 @@ def test_drift_gated_bc_term_is_off_at_the_reference_and_on_after_drift(checkpoi
     denominators = {"num_tokens": rollout.mask.sum(), "num_seqs": rollout.num_rows, "norm_len": 30}
 
     def terms():
-        return trainer.loss_terms(rollout, rollout.logp, adv, None, reference, denominators)
+        rows = torch.arange(rollout.num_rows)
+        loss, metrics = trainer.micro_loss(UpdateIndex(trainer.step, 0, 0), rollout, rows, rollout.logp, adv, None,
+                                           reference, denominators)
+        return metrics | {"loss/total_tensor": loss}
 
     at_reference = terms()
     assert at_reference["policy/kl_ref"] == pytest.approx(0.0, abs=1e-6) and at_reference["policy/bc_gate"] == 0.0
@@ -145,8 +150,9 @@ def test_drift_gated_bc_term_is_off_at_the_reference_and_on_after_drift(checkpoi
     assert drifted["policy/kl_ref"] > 0 and drifted["policy/bc_gate"] == pytest.approx(gate) and gate > 0
     assert drifted["loss/bc"] > 0
     # the BC term reuses the warm start's own demonstrations (2 steps x 2 = 4 examples), never new seeds
-    assert [ex.seed for ex in trainer.bc_pool] == [ex.seed for ex in warm_start_examples(trainer.task, trainer.cfg)]
-    assert len(trainer.bc_pool) == 4
+    pool = dict(trainer.loss_hooks)["behaviour_cloning"].pool
+    assert [ex.seed for ex in pool] == [ex.seed for ex in warm_start_examples(trainer.task, trainer.cfg)]
+    assert len(pool) == 4
     # k3 on the Gaussian decisions with kl_coef 0: total = policy + entropy·0 + coef · gate · BC
     assert drifted["loss/total"] == pytest.approx(drifted["loss/policy"] + 0.5 * gate * drifted["loss/bc"], rel=1e-5)
     drifted.pop("loss/total_tensor").backward()
