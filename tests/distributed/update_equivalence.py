@@ -20,8 +20,8 @@ import numpy as np
 import torch
 
 from mmrl.core.config import load_config
-from mmrl.core.rollout import SamplingParams
-from mmrl.core.trainer import Trainer, derive_seed
+from mmrl.core.rollout import SamplingParams, derive_seed
+from mmrl.core.trainer import Trainer
 
 RECIPE = Path(__file__).resolve().parents[2] / "configs" / "sanity" / "tiny_cpu.yaml"
 BATCH_SEED = 20240601
@@ -62,7 +62,7 @@ def main() -> None:
     sampling = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_new_tokens)
     rollout = trainer.policy.rollout(examples, cfg.rollout.group_size, sampling, seed=derive_seed(BATCH_SEED, 1))
     full = trainer.score(rollout, examples)
-    batch = Trainer.select_rows(full, rollout.group_id % world == rank)
+    batch = full.select(rollout.group_id % world == rank)
 
     # As in Trainer.train for step 1.
     trainer.step = 1
