@@ -67,6 +67,10 @@ class Task(Protocol):
     - ``metrics(examples, outputs, results)`` aggregates task metrics for evaluation
       (accuracy, exact match, F1, ...), logged as ``eval/<name>``.
     - ``reference_output(example)`` is a correct output, used for SFT warm starts.
+
+    A task may also define ``reward_batch(examples, outputs) -> list[RewardResult]`` (``examples[i]``
+    is the example ``outputs[i]`` answers) when its verifier is cheaper batched (model-based
+    rewards, batched user functions); the trainer then calls it instead of ``reward`` per row.
     """
 
     id: str

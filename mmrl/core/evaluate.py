@@ -29,11 +29,26 @@ RUN_CONFIG = "config.yaml"
 
 
 def verify(task: Any, task_id: str, rollout: Rollout, examples: Sequence[Any]) -> list[RewardResult]:
-    """The task's verdict on every row of ``rollout`` (row i answers ``examples[example_index[i]]``)."""
-    results = []
-    for i, output in zip(rollout.example_index.tolist(), rollout.outputs):
+    """The task's verdict on every row of ``rollout`` (row i answers ``examples[example_index[i]]``).
+
+    A task with a batched ``reward_batch(examples, outputs)`` (one example per output) is asked once
+    for all rows; otherwise ``reward(example, output)`` is asked row by row.
+    """
+    rows = [examples[i] for i in rollout.example_index.tolist()]
+    outputs = list(rollout.outputs)
+    batched = getattr(task, "reward_batch", None)
+    if batched is not None:
         try:
-            results.append(task.reward(examples[i], output))
+            results = list(batched(rows, outputs))
+        except Exception as err:  # a reward must be total; say which task broke it
+            raise RuntimeError(f"{task_id}.reward_batch raised on {len(outputs)} outputs: {err}") from err
+        if len(results) != len(outputs):
+            raise RuntimeError(f"{task_id}.reward_batch returned {len(results)} results for {len(outputs)} outputs")
+        return results
+    results = []
+    for example, output in zip(rows, outputs):
+        try:
+            results.append(task.reward(example, output))
         except Exception as err:  # a reward must be total; say which task and output broke it
             raise RuntimeError(f"{task_id}.reward raised on output {output!r}: {err}") from err
     return results
