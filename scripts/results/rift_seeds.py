@@ -25,7 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mmrl.logging import read_metrics
+from mmrl.core.logging import read_metrics
 
 RECIPE = "configs/rift/tiny_cpu.yaml"
 OPEN_LOOP = ("reward_mean", "collision_rate", "progress_mean")
