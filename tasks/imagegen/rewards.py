@@ -41,8 +41,9 @@ def as_image(output: object) -> tuple[np.ndarray | None, str]:
     if array.ndim != 3 or array.shape[2] != 3 or min(array.shape[:2]) < 4:
         return None, f"image must be [H, W, 3] with H, W >= 4, got shape {array.shape}"
     if array.dtype != np.uint8:
-        if not np.issubdtype(array.dtype, np.number) or not np.isfinite(array).all():
-            return None, "image has non-finite or non-numeric values"
+        real = np.issubdtype(array.dtype, np.integer) or np.issubdtype(array.dtype, np.floating) or array.dtype == bool
+        if not real or not np.isfinite(array).all():
+            return None, "image has non-finite or non-real values"
         if array.min() < 0 or array.max() > 255:
             return None, f"image values outside 0..255 (min {array.min()}, max {array.max()})"
         array = array.round().astype(np.uint8)
