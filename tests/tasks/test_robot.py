@@ -48,7 +48,8 @@ def test_reward_is_total_and_scores_the_episode():
 
 
 @pytest.mark.parametrize("episode_return, score", [(1e9, 2.0), (-1e9, -1.0), (10 ** 400, -1.0), (float("inf"), -1.0),
-                                                   (2.5, 2.0), (-0.4, -0.4)])
+                                                   (2.5, 2.0), (-0.4, -0.4)],
+                         ids=["1e9", "-1e9", "10**400", "inf", "2.5", "-0.4"])
 def test_the_score_holds_the_declared_range(episode_return, score):
     """The env's return used to pass through unclipped (1e9 scored 1e9); 10**400 raised OverflowError."""
     ex = EpisodeExample("mmrl/Reach-v0", 3)
