@@ -24,16 +24,15 @@ from functools import lru_cache
 import networkx as nx
 import numpy as np
 
+from mmrl.tasks.parsing import parse_int, tag_blocks, text_problem
+
 Parents = tuple[int, ...]
 Edge = tuple[int, int]  # (parent, child)
 
-ANSWER = re.compile(r"<answer>\s*(.*?)\s*</answer>", re.DOTALL | re.IGNORECASE)
 EDGE_LINE = re.compile(r"^\s*(-?\d+)\s+(-?\d+)\s*$")
 COUNT_LINE = re.compile(r"^\s*(-?\d+)\s*$")
 THINK_ANSWER = re.compile(r"\s*<think>(?:(?!<think>|</think>).)*</think>\s*<answer>(?:(?!<answer>).)*?</answer>\s*",
                           re.DOTALL)
-MAX_ANSWER_CHARS = 200_000
-"""Longer answers are not parsed (score 0): no real tree answer needs more."""
 
 
 # ------------------------------------------------------------------------------------------------
@@ -142,12 +141,14 @@ class ParsedAnswer:
 
 
 def parse_answer(output: str) -> ParsedAnswer | None:
-    """The published parser (first ``<answer>`` block; count line; ``u v`` → edge ``(v, u)``);
-    None when there is no block or the first non-empty line is not an integer."""
-    match = ANSWER.search(output)
-    if match is None or len(match.group(1)) > MAX_ANSWER_CHARS:
+    """The published parser (first ``<answer>`` block, tags in any case; count line; ``u v`` → edge
+    ``(v, u)``); None when there is no block or the first non-empty line is not an integer. Integers
+    of more than 18 digits read as ±10^18 (:func:`~mmrl.tasks.parsing.parse_int`): a wrong count, an
+    id outside the tree. The caller caps the output's length (:func:`judge`)."""
+    blocks = tag_blocks(output, "answer", ignore_case=True)
+    if not blocks:
         return None
-    lines = [line for line in match.group(1).splitlines() if line.strip()]
+    lines = [line for line in blocks[0].splitlines() if line.strip()]
     if not lines or (count := COUNT_LINE.match(lines[0])) is None:
         return None
     edges, skipped = [], 0
@@ -156,8 +157,8 @@ def parse_answer(output: str) -> ParsedAnswer | None:
         if edge is None:
             skipped += 1
         else:
-            edges.append((int(edge.group(2)), int(edge.group(1))))
-    return ParsedAnswer(int(count.group(1)), tuple(edges), skipped)
+            edges.append((parse_int(edge.group(2)), parse_int(edge.group(1))))
+    return ParsedAnswer(parse_int(count.group(1)), tuple(edges), skipped)
 
 
 def rooted_tree_problem(edges: Sequence[Edge]) -> str:
@@ -210,10 +211,11 @@ class TreeVerdict:
 
 
 def judge(output: object, truth: Parents) -> TreeVerdict:
-    """Score an output against the true tree; total for any input (never raises)."""
-    if not isinstance(output, str) or not output.strip():
-        return TreeVerdict(0.0, 0.0, 0.0, 0.0, "empty or non-text output")
-    fmt = float(len(output) <= MAX_ANSWER_CHARS and THINK_ANSWER.fullmatch(output) is not None)
+    """Score an output against the true tree; total for any input (never raises). Outputs longer than
+    :data:`~mmrl.tasks.parsing.MAX_OUTPUT_CHARS` score 0 unparsed."""
+    if problem := text_problem(output):
+        return TreeVerdict(0.0, 0.0, 0.0, 0.0, problem)
+    fmt = float(THINK_ANSWER.fullmatch(output) is not None)
     parsed = parse_answer(output)
     if parsed is None:
         return TreeVerdict(0.0, 0.0, 0.0, fmt, "no <answer> block whose first line is the curve count")

@@ -11,7 +11,6 @@ choices are INFERRED and documented there.
 
 from __future__ import annotations
 
-import re
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -25,8 +24,9 @@ from mmrl.envs.driving.maps import LAYOUT_BUILDERS, OOD_LAYOUTS, TRAIN_LAYOUTS
 from mmrl.envs.driving.render import render_bev
 from mmrl.envs.driving.world import (CAR_LENGTH, CAR_WIDTH, SPLITS, Agent, Scenario, TrajectoryCheck, check_trajectory,
                                      expert_trajectory, make_scenario)
-from mmrl.tasks.driving.laviplan_reward import (MAX_OUTPUT_CHARS, ParsedPlan, RewardWeights, format_waypoints,
+from mmrl.tasks.driving.laviplan_reward import (ParsedPlan, RewardWeights, format_waypoints,
                                                 parse_plan, planning_metrics, plan_reward)
+from mmrl.tasks.parsing import tag_blocks, text_problem
 
 SEED_SPACE = 2**31 - 1
 CHECK_CACHE = 16384
@@ -38,7 +38,6 @@ GAP_BINS = (12.0, 25.0, 40.0)
 GAP_WORDS = ("lead near", "lead mid", "lead far", "clear")
 """The ``{lead}`` think field per perception label (what is seen ahead, not what to do); one or two
 words, so the whole answer fits in 48 new tokens of the tiny tokenizer."""
-THINK_BLOCK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
 CORRIDOR = 2.0
 """A vehicle whose centre is within this many metres of the ego's route is in the ego's path."""
 BRAKE = 4.0
@@ -272,9 +271,9 @@ class LaviPlanTask:
         """The output's think block names exactly one of :data:`GAP_WORDS`, and it is the scene's
         (``perception_weight``: a verifiable check of the reasoning's perception statement; naming
         several words, or the right one outside the think, does not count)."""
-        if not isinstance(output, str) or len(output) > MAX_OUTPUT_CHARS:
+        if text_problem(output):
             return False
-        thinks = THINK_BLOCK.findall(output)
+        thinks = tag_blocks(output, "think")
         if len(thinks) != 1 or "<think>" in thinks[0]:
             return False
         stated = [w for w in GAP_WORDS if w in thinks[0]]

@@ -21,9 +21,10 @@ Reward (INFERRED, seed_tasks.md §4.3; every term is a logged component)::
 ``format`` is 1 when the whole output is one think block followed by one answer block holding a
 valid plan. ``collision`` / ``offroad`` come from simulating a valid plan in the world. A plan
 that cannot be used (no or several answer blocks, unparseable, wrong length, NaN/inf, kilometres
-away) gets ``alignment = 0`` with the reason in ``info`` and ``invalid = 1``: with the default
-``c_inv = c_col + c_off`` it scores no better than a plan that both collides and leaves the road,
-so emitting garbage never pays better than trying.
+away) gets ``alignment = 0`` with the reason in ``info`` and ``invalid = 1``. The weights must
+satisfy ``c_inv ≥ c_col + c_off`` (:meth:`RewardWeights.validate`; the defaults are equal): an unusable
+answer then scores no better than a plan that both collides and leaves the road, so emitting
+garbage never pays better than trying.
 """
 
 from __future__ import annotations
@@ -36,11 +37,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from mmrl.core.contracts import RewardResult
+from mmrl.tasks.parsing import tag_blocks, text_problem
 
-MAX_OUTPUT_CHARS = 8192
-"""Longer outputs are not parsed (invalid, "output too long"): bounds the parser's work."""
-
-ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 WELL_FORMED = re.compile(r"\s*<think>(?:(?!</?think>|</?answer>).)*</think>\s*<answer>(?:(?!</?answer>|</?think>).)*"
                          r"</answer>\s*", re.DOTALL)
 PAIR = re.compile(r"\(\s*([^(),\s]+)\s*,\s*([^(),\s]+)\s*\)")
@@ -83,11 +81,17 @@ class RewardWeights:
         for name in ("collision_penalty", "offroad_penalty", "invalid_penalty"):
             if not 0.0 <= getattr(self, name) <= 10.0:
                 raise ValueError(f"task.args.{name} must be in [0, 10], got {getattr(self, name)}")
+        if self.invalid_penalty < self.collision_penalty + self.offroad_penalty:
+            raise ValueError(
+                f"task.args.invalid_penalty ({self.invalid_penalty}) must be >= collision_penalty + offroad_penalty "
+                f"({self.collision_penalty} + {self.offroad_penalty}): otherwise an unusable answer outscores a valid "
+                f"plan that collides and leaves the road; set invalid_penalty: "
+                f"{self.collision_penalty + self.offroad_penalty:g} (or more)")
 
     @property
     def score_range(self) -> tuple[float, float]:
-        low = -max(self.collision_penalty + self.offroad_penalty, self.invalid_penalty)
-        return (low, 1.0)
+        """[−c_inv, 1]: an unusable answer scores the floor (validated weights: no valid plan is lower)."""
+        return (-self.invalid_penalty, 1.0)
 
 
 def format_waypoints(waypoints: np.ndarray, decimals: int) -> str:
@@ -144,11 +148,9 @@ def parse_plan(output: object, horizon: int, max_abs_coord: float) -> ParsedPlan
     >>> parse_plan("<answer>[(4,0)]</answer><answer>[(8,0)]</answer>", 1, 100.0).reason
     'expected one <answer> block, found 2'
     """
-    if not isinstance(output, str) or not output.strip():
-        return ParsedPlan(None, False, "empty or non-text output")
-    if len(output) > MAX_OUTPUT_CHARS:
-        return ParsedPlan(None, False, f"output too long ({len(output)} > {MAX_OUTPUT_CHARS} characters)")
-    blocks = ANSWER_BLOCK.findall(output)
+    if problem := text_problem(output):  # bounds the parser's work (MAX_OUTPUT_CHARS)
+        return ParsedPlan(None, False, problem)
+    blocks = tag_blocks(output, "answer")
     if len(blocks) != 1:
         return ParsedPlan(None, False, f"expected one <answer> block, found {len(blocks)}")
     waypoints, reason = parse_plan_list(blocks[0], horizon, max_abs_coord)

@@ -11,10 +11,14 @@ first collision). A group is the G candidates of one state (``policy.args.group:
   (cached, so the imitation warm start and RL revisit them), each followed by up to ``explore_s``
   seconds of random-candidate driving of the CBV; other splits (``test`` and the world's OOD
   splits) draw fresh seeds and take the state right after the rule-based warm-up.
-- ``reward(example, output)``: score = the return in about [−150, 35]; components = each reward
-  term's discounted sum, ``collision``, ``offroad``, ``progress`` (m). A candidate index
-  out of range, or a trajectory (world points [40, 2]) with NaN/inf or of the wrong shape, scores 0
-  with the reason in ``info``; nothing is simulated then.
+- ``reward(example, output)``: score = the return, clipped to ``reward_range`` = [−250, 61];
+  components = each reward term's discounted sum (unclipped), ``collision``, ``offroad``,
+  ``progress`` (m). The top, :data:`RETURN_MAX`, is the most any 40 steps can earn (no clipping there);
+  the lattice candidates' returns measured over 300 states of every split lie in [−188, 38.6], and
+  only trajectories given as points (any speed: a zigzag reaches −1322) reach the floor. A candidate
+  index out of range, or a trajectory (world points [40, 2]) with NaN/inf, of the wrong shape or more
+  than 200 m away, scores the floor −250 with the reason in ``info`` (never better than a candidate);
+  nothing is simulated then.
 - ``metrics``: open-loop (one 4-s decision) ``collision_rate``, ``offroad_rate``, ``progress_mean``.
   Closed-loop episode metrics (8 s, replanning every 1 s) are :func:`closed_loop_metrics`.
 - ``reference_output``: the candidate closest to the rule-based driver's own 4 s (imitation target).
@@ -22,6 +26,7 @@ first collision). A group is the G candidates of one state (``policy.args.group:
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,7 +35,7 @@ import numpy as np
 
 from mmrl.core.contracts import RewardResult
 from mmrl.envs.driving.world import SPLITS
-from mmrl.tasks.driving.rift_sim import (HORIZON_STEPS, REWARD_TERMS, CandidateReturns, Episode,
+from mmrl.tasks.driving.rift_sim import (GAMMA, HORIZON_STEPS, REWARD_TERMS, CandidateReturns, Episode,
                                          TrafficState, candidate_lattice, candidate_returns, closed_loop_episode,
                                          features, kinematics, make_state, poses_from_xy, rule_based_choice,
                                          rule_based_episode, wasserstein_1d)
@@ -72,13 +77,21 @@ def build_example(split: str, seed: int, traffic: tuple[int, int] | None = (5, 9
     return RiftExample(split, int(seed), state, cand, params, f, c)
 
 
-def _zero(reason: str) -> RewardResult:
-    return RewardResult(0.0, {k: 0.0 for k in (*REWARD_TERMS, "collision", "offroad", "progress")}, reason)
+RETURN_MAX = (0.1 * 20.0 + 0.5 * 0.25 + 0.6 * 0.05 * math.exp(0.5)) * (1 - GAMMA ** HORIZON_STEPS) / (1 - GAMMA)
+"""Upper bound of a return (≈ 60.3): the per-step maxima of the velocity (0.1·20), l_align (0.5·0.25) and
+l_center (0.6·0.05·e^0.5) terms, the others ≤ 0, discounted over the 40 steps (:func:`dense_rewards`)."""
+RETURN_FLOOR = -250.0
+"""Returns are clipped here, and unusable outputs score it: below every lattice candidate measured
+(−188 over 300 states), so in practice only off-lattice point trajectories are clipped."""
+
+
+def _floor(reason: str) -> RewardResult:
+    return RewardResult(RETURN_FLOOR, {k: 0.0 for k in (*REWARD_TERMS, "collision", "offroad", "progress")}, reason)
 
 
 class RiftTask:
     id = "driving/rift-v0"
-    reward_range = (-150.0, 35.0)
+    reward_range = (RETURN_FLOOR, float(math.ceil(RETURN_MAX)))
 
     def __init__(self, cfg: RiftConfig):
         if cfg.train_pool < 1:
@@ -118,23 +131,26 @@ class RiftTask:
     def reward(self, example: RiftExample, output: object) -> RewardResult:
         if isinstance(output, (int, np.integer)) and not isinstance(output, (bool, np.bool_)):
             if not 0 <= output < len(example.candidates):
-                return _zero(f"candidate {output} out of range [0, {len(example.candidates)})")
+                shown = output if abs(output) < 10 ** 18 else "beyond ±1e18"  # str() refuses > 4300 digits
+                return _floor(f"candidate {shown} out of range [0, {len(example.candidates)})")
             r, i = self.returns(example), int(output)
         elif isinstance(output, np.ndarray):
             if output.shape != (HORIZON_STEPS, 2):
-                return _zero(f"trajectory must be world points of shape ({HORIZON_STEPS}, 2), got {output.shape}")
+                return _floor(f"trajectory must be world points of shape ({HORIZON_STEPS}, 2), got {output.shape}")
+            if not (np.issubdtype(output.dtype, np.floating) or np.issubdtype(output.dtype, np.integer)):
+                return _floor(f"trajectory must hold real numbers, got dtype {output.dtype}")
             if not np.isfinite(output).all():
-                return _zero("trajectory contains NaN or inf")
+                return _floor("trajectory contains NaN or inf")
             if np.abs(output - example.state.cbv_pose[:2]).max() > 200.0:
-                return _zero("trajectory point more than 200 m from the vehicle")
+                return _floor("trajectory point more than 200 m from the vehicle")
             r, i = candidate_returns(example.state, poses_from_xy(example.state.cbv_pose, output)[None]), 0
         else:
-            return _zero(f"not a candidate index or a trajectory: {type(output).__name__}")
+            return _floor(f"not a candidate index or a trajectory: {type(output).__name__}")
         components = {k: float(v[i]) for k, v in r.terms.items()}
         components |= {"collision": float(r.collision[i]), "offroad": float(r.offroad[i]),
                        "progress": float(r.progress[i])}
         info = "collision" if r.collision[i] else "off-road" if r.offroad[i] else ""
-        return RewardResult(float(r.total[i]), components, info)
+        return RewardResult(float(np.clip(r.total[i], *self.reward_range)), components, info)
 
     def metrics(self, examples: Sequence[RiftExample], outputs: Sequence[object],
                 results: Sequence[RewardResult]) -> dict[str, float]:

@@ -4,9 +4,10 @@
   (``mmrl/<Task>-v0``) with disjoint seed ranges; ``ood_color``, ``ood_position``,
   ``ood_instruction``, ``ood_distractor`` use the held-out variations (``mmrl/<Task>-OOD<X>-v0``).
 - ``reward(example, summary)``: score = the episode return, i.e. Φ(s_T) − Φ(s_0) of the env's
-  potential (success counts 1, progress terms at most 1 together), so the range is [−1, 2];
-  components ``success`` and ``return``. Anything but an episode summary of that example's env
-  and seed scores 0 with the reason in ``info``.
+  potential (success counts 1, progress terms at most 1 together), so the range is [−1, 2]; a
+  return outside it (an env bug) is clipped, the ``return`` component keeps it. Components
+  ``success`` and ``return``. Anything but an episode summary of that example's env and seed, or a
+  non-finite return, scores the floor −1 with the reason in ``info`` (never better than an episode).
 - ``metrics``: ``success_rate`` (logged ``eval/success_rate``), ``return_mean``, ``length_mean``.
 - ``reference_output(example)``: the scripted expert's demonstration of that episode (for BC),
   with DART-style noise injection (Laskey et al. 2017): the executed action is perturbed with
@@ -16,6 +17,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -57,28 +59,43 @@ class Demonstration:
     success: bool
 
 
+RETURN_RANGE = (-1.0, 2.0)
+"""Range of Φ(s_T) − Φ(s_0): Φ ∈ [0, 2] (success 1, progress terms at most 1 together)."""
+
+
+def finite_return(summary: EpisodeSummary) -> float | None:
+    """The summary's return as a finite float, None when it is not one (NaN, inf, 10**400, text)."""
+    try:
+        value = float(summary.episode_return)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return value if math.isfinite(value) else None
+
+
 def episode_reward(example: EpisodeExample, output: object) -> RewardResult:
-    """Score of one episode: its return Φ(s_T) − Φ(s_0); total on any input.
+    """Score of one episode: its return Φ(s_T) − Φ(s_0), clipped to :data:`RETURN_RANGE`; total on any input.
 
     >>> episode_reward(EpisodeExample("mmrl/Reach-v0", 3), EpisodeSummary("mmrl/Reach-v0", 3, True, 1.5, 9)).score
     1.5
-    >>> episode_reward(EpisodeExample("mmrl/Reach-v0", 3), "reach").info
-    'not an episode summary: str'
+    >>> episode_reward(EpisodeExample("mmrl/Reach-v0", 3), "reach").score
+    -1.0
     """
+    floor = RETURN_RANGE[0]
     if not isinstance(output, EpisodeSummary):
-        return RewardResult(0.0, {"success": 0.0, "return": 0.0}, f"not an episode summary: {type(output).__name__}")
+        return RewardResult(floor, {"success": 0.0, "return": floor}, f"not an episode summary: {type(output).__name__}")
     if (output.env_id, output.seed) != (example.env_id, example.seed):
-        return RewardResult(0.0, {"success": 0.0, "return": 0.0},
+        return RewardResult(floor, {"success": 0.0, "return": floor},
                             f"episode of {output.env_id} seed {output.seed} scored for {example.env_id} seed {example.seed}")
-    if not np.isfinite(output.episode_return):
-        return RewardResult(0.0, {"success": 0.0, "return": 0.0}, "non-finite episode return")
+    episode_return = finite_return(output)
+    if episode_return is None:
+        return RewardResult(floor, {"success": 0.0, "return": floor}, "non-finite episode return")
     success = float(output.success)
-    return RewardResult(float(output.episode_return), {"success": success, "return": float(output.episode_return)},
+    return RewardResult(float(np.clip(episode_return, *RETURN_RANGE)), {"success": success, "return": episode_return},
                         "" if success else f"no success in {output.length} steps")
 
 
 class RobotTask:
-    reward_range = (-1.0, 2.0)
+    reward_range = RETURN_RANGE
 
     def __init__(self, task: str, cfg: RobotTaskConfig):
         self.task, self.cfg = task, cfg

@@ -30,7 +30,7 @@ import numpy as np
 from mmrl.core.contracts import RewardResult
 from mmrl.envs.robot import env_id
 from mmrl.samplers.gym_runner import EpisodeSummary
-from mmrl.tasks.robot.tabletop import EpisodeExample, RobotTask, RobotTaskConfig, episode_reward
+from mmrl.tasks.robot.tabletop import EpisodeExample, RobotTask, RobotTaskConfig, episode_reward, finite_return
 
 DEFAULT_WORLD_MODEL = "configs/world_model/reach_tiny.yaml"
 
@@ -107,9 +107,10 @@ class WorldModelRFTTask(RobotTask):
         if (output.env_id, output.seed) != (example.env_id, example.seed):
             return RewardResult(-3.0, {"success": 0.0, "return": -3.0},
                                 f"episode of {output.env_id} seed {output.seed} scored for {example.env_id} seed {example.seed}")
-        if not np.isfinite(output.episode_return):
+        episode_return = finite_return(output)
+        if episode_return is None:
             return RewardResult(-3.0, {"success": 0.0, "return": -3.0}, "non-finite episode return")
-        score = float(np.clip(output.episode_return, -3.0, 0.0))
+        score = float(np.clip(episode_return, -3.0, 0.0))
         return RewardResult(score, {"success": 0.0, "return": score},
                             f"world-model frame distance to the expert's imagined rollout {-score:.4f}")
 

@@ -1,8 +1,10 @@
 """Spatial-SSRL reward (seed_tasks.md §1.2, ``img_score`` in the paper's math.py):
 ``0.9·accuracy + 0.1·format``.
 
-- The response is tag-normalised with ``re.sub(r"\\s*(<|>|/)\\s*", r"\\1", response)``;
+- The response is tag-normalised as ``re.sub(r"\\s*(<|>|/)\\s*", r"\\1", response)`` does (whitespace
+  around ``<``, ``>`` and ``/`` removed; computed in linear time by :func:`normalise_tags`);
   format = 1 iff it fullmatches ``<think>.*</think>.*\\boxed\\{.*\\}.*`` (DOTALL).
+- Outputs longer than :data:`~mmrl.tasks.parsing.MAX_OUTPUT_CHARS` score 0 unread.
 - The answer is the content of the LAST ``\\boxed{…}`` (braces balanced). If several ``\\boxed{}``
   hold different normalised answers, accuracy is 0 (repeating \\boxed cannot hedge).
 - Answers are normalised to a tuple of lower-case tokens: brackets, parentheses, commas, semicolons,
@@ -15,9 +17,40 @@ from __future__ import annotations
 import re
 
 from mmrl.core.contracts import RewardResult
+from mmrl.tasks.parsing import text_problem
 
-FORMAT = re.compile(r"<think>.*</think>.*\\boxed\{.*\}.*", re.DOTALL)
 SEPARATORS = re.compile(r"[\[\](),;:.]")
+TAG_CHARS = re.compile(r"([<>/])")
+
+
+def normalise_tags(text: str) -> str:
+    """The paper's ``re.sub(r"\\s*(<|>|/)\\s*", r"\\1", text)`` in linear time (that regex rescans a
+    whitespace run from each of its characters: 5 s on 32k spaces between two letters).
+
+    >>> normalise_tags("< think > a b </ think >")
+    '<think>a b</think>'
+    """
+    parts = TAG_CHARS.split(text)  # even indices: text between tag characters; odd: the characters
+    for i in range(0, len(parts), 2):
+        if i > 0:
+            parts[i] = parts[i].lstrip()
+        if i < len(parts) - 1:
+            parts[i] = parts[i].rstrip()
+    return "".join(parts)
+
+
+def has_format(text: str) -> bool:
+    """Whether ``text`` fullmatches ``<think>.*</think>.*\\boxed\\{.*\\}.*`` (DOTALL), in linear time
+    (the regex backtracks over every ``</think>``: quadratic). The earliest occurrences decide it.
+
+    >>> has_format("<think>a</think>so \\\\boxed{1}."), has_format("<think>a</think>\\\\boxed{")
+    (True, False)
+    """
+    if not text.startswith("<think>"):
+        return False
+    end_think = text.find("</think>", len("<think>"))
+    boxed = text.find("\\boxed{", end_think + len("</think>")) if end_think >= 0 else -1
+    return boxed >= 0 and text.find("}", boxed + len("\\boxed{")) >= 0
 
 
 def boxed_contents(text: str) -> list[str]:
@@ -56,10 +89,10 @@ def ssrl_reward(output: object, answer: str, format_weight: float = 0.1) -> Rewa
     >>> ssrl_reward("\\\\boxed{A}", "A").score
     0.9
     """
-    if not isinstance(output, str) or not output.strip():
-        return RewardResult(0.0, {"accuracy": 0.0, "format": 0.0}, "empty or non-text output")
-    response = re.sub(r"\s*(<|>|/)\s*", r"\1", output)
-    fmt = float(FORMAT.fullmatch(response) is not None)
+    if problem := text_problem(output):
+        return RewardResult(0.0, {"accuracy": 0.0, "format": 0.0}, problem)
+    response = normalise_tags(output)
+    fmt = float(has_format(response))
     boxed = boxed_contents(response)
     answers = {normalise_answer(b) for b in boxed}
     if not boxed:

@@ -7,12 +7,16 @@ our spec; the formula is INFERRED: the paper says "balanced precision-recall rew
 2. Normalise keys (NFKC, case-fold, spaces / hyphens → ``_``) and values (NFKC, case-fold, collapsed
    whitespace, numbers canonical: ``"1,234.50"`` = ``1234.5`` = ``"1234.50"``, no space before a unit).
 3. Empty convention: ``""`` / ``null`` / a missing key mean "field absent". Predicted pairs are the
-   non-empty predicted values (every one, duplicates and unrequested keys included); ground-truth pairs
-   are the requested keys with non-empty values. A GT pair is matched at most once.
+   non-empty predicted values, one per normalised key (unrequested keys included); ground-truth pairs
+   are the requested keys with non-empty values. One value per key: a key given several different
+   non-empty values (``{"triage": "red", "triage": "green"}``, or ``"Age"`` and ``"age"``) is one
+   predicted pair that is wrong, so listing candidate values never pays (repeating the same value is
+   one claim). A GT pair is matched at most once.
 4. P = correct / predicted pairs, R = correct / GT pairs (both 1 when both sets are empty; P = 0 when
    nothing is predicted but something was expected), F_β = (1+β²)PR / (β²P + R).
 5. score = (1 − w)·F_β + w·format, format = exactly one ``<think>…</think><answer>…</answer>``.
-   No JSON object → 0, with the reason in ``info``.
+   No JSON object, or an output longer than :data:`~mmrl.tasks.parsing.MAX_OUTPUT_CHARS` → 0, with the
+   reason in ``info``.
 """
 
 from __future__ import annotations
@@ -26,12 +30,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from mmrl.core.contracts import RewardResult
+from mmrl.tasks.parsing import tag_blocks, text_problem
 
-MAX_OUTPUT_CHARS = 20_000
-"""Longer outputs score 0 ("too long"): bounds parse time, and no answer needs more."""
 MAX_JSON_STARTS = 64
 """How many ``{`` positions are tried as the start of the JSON object."""
-ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 WELL_FORMED = re.compile(r"\s*<think>(?:(?!<think>|</think>).)*</think>\s*<answer>(?:(?!<answer>).)*?</answer>\s*",
                          re.DOTALL)
 NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?![\w.]*\d)")
@@ -71,7 +73,9 @@ def normalise_value(value: Any) -> str:
         return ""
     if isinstance(value, bool):
         text = "true" if value else "false"
-    elif isinstance(value, (int, float)):
+    elif isinstance(value, int):  # exact: math.isfinite would convert it to a float (OverflowError past 1e308)
+        text = str(value)
+    elif isinstance(value, float):
         text = repr(value) if math.isfinite(value) else str(value)
     elif isinstance(value, str):
         text = value
@@ -111,7 +115,7 @@ def _is_pairs(item: Any) -> bool:
 
 def parse_prediction(output: str) -> tuple[list[tuple[str, Any]] | None, str]:
     """The predicted pairs of the first JSON object in the answer block (else the whole output)."""
-    blocks = ANSWER_BLOCK.findall(output)
+    blocks = tag_blocks(output, "answer")
     region = blocks[0] if blocks else output
     decoder = json.JSONDecoder(object_pairs_hook=list)
     start = region.find("{")
@@ -131,10 +135,24 @@ def parse_prediction(output: str) -> tuple[list[tuple[str, Any]] | None, str]:
     return None, f"no JSON object in the {where}"
 
 
+def one_value_per_key(predicted: list[tuple[str, Any]]) -> list[tuple[str, str | None]]:
+    """Normalised (key, value) claims, one per key in first-seen order; empty values are absent, and a
+    key given several different values claims None (never right). See the module docstring, step 3.
+
+    >>> one_value_per_key([("Age", 42), ("age", "42"), ("sex", ""), ("triage", "red"), ("triage", "green")])
+    [('age', '42'), ('triage', None)]
+    """
+    values: dict[str, set[str]] = {}
+    for key, value in predicted:
+        if text := normalise_value(value):
+            values.setdefault(normalise_key(key), set()).add(text)
+    return [(key, next(iter(texts)) if len(texts) == 1 else None) for key, texts in values.items()]
+
+
 def field_scores(predicted: list[tuple[str, Any]], truth: Mapping[str, Any], beta: float) -> dict[str, float]:
     """Precision, recall and F_β over normalised pairs (see the module docstring, step 3–4)."""
     wanted = Counter((normalise_key(k), normalise_value(v)) for k, v in truth.items() if normalise_value(v))
-    claims = [(normalise_key(k), normalise_value(v)) for k, v in predicted if normalise_value(v)]
+    claims = one_value_per_key(predicted)
     remaining = wanted.copy()
     correct = 0
     for pair in claims:
@@ -163,10 +181,8 @@ def extraction_reward(output: object, truth: Mapping[str, Any], beta: float = 1.
     >>> extraction_reward("age is 42", {"age": "42"}).info
     'no JSON object in the output (no <answer> block)'
     """
-    if not isinstance(output, str) or not output.strip():
-        return RewardResult(0.0, dict(ZERO), "empty or non-text output")
-    if len(output) > MAX_OUTPUT_CHARS:
-        return RewardResult(0.0, dict(ZERO), f"output too long ({len(output)} > {MAX_OUTPUT_CHARS} characters)")
+    if problem := text_problem(output):
+        return RewardResult(0.0, dict(ZERO), problem)
     predicted, reason = parse_prediction(output)
     if predicted is None:
         return RewardResult(0.0, dict(ZERO), reason)

@@ -10,7 +10,8 @@ Answers are expected as ``<think>…</think><answer>…</answer>`` (a ``\\boxed{
 read). Reward (range [0, 1]) = (1 − w)·accuracy + w·format, ``w = format_weight``: accuracy is 1
 when the extracted answer is right; format is 1 when the whole output is exactly one think block
 followed by one answer block (so completions cannot run on after ``</answer>``). The reward is
-total: any string gives a score, and a zero says why in ``info``.
+total: any string gives a score, and a zero says why in ``info``; outputs longer than
+:data:`~mmrl.tasks.parsing.MAX_OUTPUT_CHARS` score 0 unread.
 
 Train and test images are disjoint: a hash of the drawing parameters picks the split.
 """
@@ -27,6 +28,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from mmrl.core.contracts import IMAGE_PLACEHOLDER, RewardResult
+from mmrl.tasks.parsing import tag_blocks, text_problem
 
 SPLITS = ("train", "test")
 SHAPES = ("circle", "square", "triangle")
@@ -37,7 +39,6 @@ NUMBER_WORDS = {"zero": "0", "one": "1", "two": "2", "three": "3", "four": "4", 
 SYNONYMS = {"grey": "gray", "violet": "purple"}
 QUESTIONS = {"color": "What colour is the shape?", "count": "How many shapes are there?"}
 
-ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 WELL_FORMED = re.compile(r"\s*<think>(?:(?!<think>|</think>).)*</think>\s*<answer>(?:(?!<answer>).)*?</answer>\s*",
                          re.DOTALL)
@@ -122,7 +123,7 @@ def extract_answer(output: str) -> str | None:
     >>> extract_answer("so \\\\boxed{3}") , extract_answer("red")
     ('3', None)
     """
-    tags = ANSWER_TAG.findall(output)
+    tags = tag_blocks(output, "answer")
     if tags:
         return tags[-1]
     boxed = BOXED.findall(output)
@@ -139,8 +140,8 @@ def answer_reward(output: object, answer: str, format_weight: float) -> RewardRe
     >>> round(answer_reward("<answer>red</answer> and more", "red", 0.1).score, 6)
     0.9
     """
-    if not isinstance(output, str) or not output.strip():
-        return RewardResult(0.0, {"accuracy": 0.0, "format": 0.0}, "empty or non-text output")
+    if problem := text_problem(output):
+        return RewardResult(0.0, {"accuracy": 0.0, "format": 0.0}, problem)
     well_formed = float(WELL_FORMED.fullmatch(output) is not None)
     extracted = extract_answer(output)
     correct = float(extracted is not None and normalise(extracted) == answer)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import json
+import time
 
 import numpy as np
 import pytest
@@ -169,6 +170,24 @@ def test_reward_is_total_on_odd_objects():
     task = make_task("curvebench/easy-v0", {})
     for junk in (b"<answer>1\n1 0</answer>", 3, ["x"], "\x00" * 1000, "<answer>" * 10_000, "9" * 100_000):
         assert 0.0 <= task.reward(FIXED_EXAMPLE, junk).score <= 1.0
+
+
+def test_integers_beyond_pythons_conversion_limit_are_wrong_not_crashes():
+    """int() raises ValueError on >= 4,301 digits; such a count is wrong and such an id is outside the tree."""
+    big = "9" * 4301
+    count = judge(answer(f"{big}\n1 0"), (0,))
+    assert count.node_count == 0.0 and count.tree == 1.0
+    edge = judge(answer(f"1\n{big} 0"), (0,))
+    assert edge.tree == 0.0 and "node id outside" in edge.info
+    assert parse_answer(answer(f"1\n1 -{big}")).edges == ((-10 ** 18, 1),)
+
+
+@pytest.mark.parametrize("output", ["<answer>" * 8000, "<ANSWER>" * 4000 + "1\n1 0", "<think>" + "</think>" * 4000])
+def test_repeated_tags_are_judged_quickly(output):
+    """The lazy <answer>(.*?)</answer> search took 7.8 s on "<answer>" repeated to 64k characters."""
+    start = time.perf_counter()
+    judge(output, CHAIN3)
+    assert time.perf_counter() - start < 0.25
 
 
 # ------------------------------------------------------------------------------------------------

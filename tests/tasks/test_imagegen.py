@@ -11,7 +11,7 @@ from PIL import Image
 
 from mmrl.core.registry import make_task
 from mmrl.tasks.imagegen import ShapePrompt, all_prompts, render
-from mmrl.tasks.imagegen.rewards import jpeg_size_kb
+from mmrl.tasks.imagegen.rewards import jpeg_size_kb, prompt_checks
 
 
 @pytest.fixture(scope="module")
@@ -115,3 +115,15 @@ def test_metrics_aggregate_the_checks(task):
     results = [task.reward(p, o) for p, o in zip(prompts, outputs)]
     metrics = task.metrics(prompts, outputs, results)
     assert metrics["correct"] == 0.5 and metrics["object_acc"] == 0.5 and metrics["position_acc"] == 0.5
+
+
+@pytest.mark.parametrize("size", [512, 1024])
+def test_speckled_images_are_rejected_from_the_component_statistics(task, size):
+    """find_objects measured every component before the "too many blobs" rejection: 4 s at 512², > 60 s at 1024²."""
+    import time
+
+    image = np.full((size, size, 3), 200, np.uint8)
+    image[np.random.default_rng(0).random((size, size)) < 0.3] = 0
+    start = time.perf_counter()
+    checks, info = prompt_checks(image, all_prompts()[0])
+    assert time.perf_counter() - start < 2.0 and "blobs: noise" in info and not any(checks.values())

@@ -10,6 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mmrl.core.config import load_config
+from mmrl.core.registry import make_task
+from mmrl.tasks.parsing import MAX_OUTPUT_CHARS
 from mmrl.tasks.driving.laviplan_reward import (COMPONENTS, RewardWeights, alignment_score, displacement_errors,
                                                  format_waypoints, parse_plan, plan_reward, planning_metrics)
 
@@ -61,7 +64,7 @@ def test_golden_alignment_and_penalties():
     ("<think>turn left</think>", "found 0"),
     (GOOD + GOOD, "found 2"),
     ("", "empty"), (None, "non-text"), (b"[(4,0)]", "non-text"), (3.5, "non-text"),
-    ("<answer>" + "(4,0)," * 5000 + "</answer>", "too long"),
+    ("<answer>" + "(4,0)," * (MAX_OUTPUT_CHARS // 6) + "</answer>", "too long"),
 ])
 def test_unusable_plans_get_zero_alignment_and_the_worst_score(output, reason):
     result = score(output, collision=True, offroad=True)  # the world verdict is ignored for invalid plans
@@ -104,6 +107,26 @@ def test_bad_weights_are_rejected():
         RewardWeights(sigma_ade=0.0).validate()
     with pytest.raises(ValueError, match="collision_penalty"):
         RewardWeights(collision_penalty=-1.0).validate()
+
+
+def test_weights_where_garbage_beats_a_colliding_off_road_plan_are_rejected():
+    """The worst valid plan scores about −(c_col + c_off); an unusable answer −c_inv must not beat it."""
+    with pytest.raises(ValueError, match="invalid_penalty .* must be >= collision_penalty \\+ offroad_penalty"):
+        RewardWeights(collision_penalty=1.0, invalid_penalty=1.0).validate()
+    with pytest.raises(ValueError, match="invalid_penalty"):
+        make_task("driving/laviplan-v0", {"collision_penalty": 1.0})
+    weights = RewardWeights(collision_penalty=1.0, invalid_penalty=1.5)
+    weights.validate()
+    far = parse_plan("<answer>[(20,20),(20,20),(20,20),(20,20)]</answer>", 4, 100.0)
+    worst_valid = plan_reward(far, EXPERT, True, True, weights).score
+    garbage = plan_reward(parse_plan("x", 4, 100.0), EXPERT, True, True, weights).score
+    assert garbage == weights.score_range[0] == -1.5 < worst_valid
+
+
+def test_the_tiny_recipe_keeps_garbage_below_every_valid_plan():
+    args = load_config("laviplan/tiny_cpu").task.args
+    assert (args.collision_penalty, args.offroad_penalty, args.invalid_penalty) == (1.0, 0.5, 1.5)
+    args.validate()
 
 
 NUMBERS = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-10**6, 10**6),

@@ -11,10 +11,10 @@ from mmrl.core.config import TrainConfig, build, load_yaml
 from mmrl.envs.driving.maps import LANE_WIDTH
 from mmrl.envs.driving.world import Agent, make_scenario
 from mmrl.core.registry import make_task
-from mmrl.tasks.driving.rift import RiftTask, RiftConfig, build_example, closed_loop_metrics
-from mmrl.tasks.driving.rift_sim import (GAMMA, HORIZON_STEPS, NUM_CANDIDATES, TrafficState, candidate_lattice,
-                                         candidate_returns, closed_loop_episode, dense_rewards, kinematics,
-                                         make_state, rule_based_choice, simulate, wasserstein_1d)
+from mmrl.tasks.driving.rift import RETURN_MAX, RiftTask, RiftConfig, build_example, closed_loop_metrics
+from mmrl.tasks.driving.rift_sim import (GAMMA, HORIZON_STEPS, NUM_CANDIDATES, REWARD_TERMS, TrafficState,
+                                         candidate_lattice, candidate_returns, closed_loop_episode, dense_rewards,
+                                         kinematics, make_state, rule_based_choice, simulate, wasserstein_1d)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -120,13 +120,25 @@ def test_a_candidates_points_score_like_its_index(task):
     (15, "out of range"), (-1, "out of range"), (True, "not a candidate index"), ("3", "not a candidate index"),
     (np.full((HORIZON_STEPS, 2), np.nan), "NaN"), (np.zeros((3, 2)), "shape"),
 ])
-def test_bad_outputs_score_zero_with_a_reason(task, output, reason):
+def test_bad_outputs_score_the_floor_with_a_reason(task, output, reason):
+    """An unusable choice scores the range's floor (it used to score 0, above half the candidates)."""
     ex = task.sample_batch("test", 1, np.random.default_rng(1))[0]
     result = task.reward(ex, output)
-    assert result.score == 0.0 and reason in result.info
+    assert result.score == task.reward_range[0] == -250.0 and reason in result.info
+    assert result.score <= min(task.reward(ex, k).score for k in range(len(ex.candidates)))
 
 
-def test_a_trajectory_kilometres_away_scores_zero_without_simulating(task):
+def test_returns_hold_the_declared_range(task):
+    """Candidates measured down to −188 (the old declaration said −150); a zigzag of points reaches −1322."""
+    ex = task.sample_batch("test", 1, np.random.default_rng(3))[0]
+    zigzag = ex.candidates[0, 1:, :2] + np.where(np.arange(HORIZON_STEPS) % 2, 150.0, -150.0)[:, None]
+    result = task.reward(ex, zigzag)
+    assert result.score == -250.0 and sum(result.components[k] for k in REWARD_TERMS) < -1000
+    assert task.reward_range == (-250.0, 61.0) and RETURN_MAX == pytest.approx(60.265, abs=1e-3)
+    assert task.reward(ex, 10 ** 5000).score == -250.0
+
+
+def test_a_trajectory_kilometres_away_scores_the_floor_without_simulating(task):
     ex = task.sample_batch("test", 1, np.random.default_rng(1))[0]
     far = ex.candidates[0, 1:, :2] + 5000.0
     assert task.reward(ex, far).info.startswith("trajectory point more than")

@@ -44,7 +44,17 @@ def test_reward_is_total_and_scores_the_episode():
                         (EpisodeSummary("mmrl/Push-v0", 8, True, 1.0, 3), "scored for"),
                         (EpisodeSummary("mmrl/Push-v0", 7, True, float("nan"), 3), "non-finite")):
         r = episode_reward(ex, bad)
-        assert r.score == 0.0 and reason in r.info
+        assert r.score == -1.0 and reason in r.info  # the floor: garbage never beats a failed episode
+
+
+@pytest.mark.parametrize("episode_return, score", [(1e9, 2.0), (-1e9, -1.0), (10 ** 400, -1.0), (float("inf"), -1.0),
+                                                   (2.5, 2.0), (-0.4, -0.4)],
+                         ids=["1e9", "-1e9", "10**400", "inf", "2.5", "-0.4"])
+def test_the_score_holds_the_declared_range(episode_return, score):
+    """The env's return used to pass through unclipped (1e9 scored 1e9); 10**400 raised OverflowError."""
+    ex = EpisodeExample("mmrl/Reach-v0", 3)
+    result = episode_reward(ex, EpisodeSummary("mmrl/Reach-v0", 3, False, episode_return, 9))
+    assert result.score == score and make_task("robot/reach-v0").reward_range == (-1.0, 2.0)
 
 
 def test_metrics():

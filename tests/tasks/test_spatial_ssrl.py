@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import re
+import time
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mmrl.tasks.parsing import MAX_OUTPUT_CHARS
 from mmrl.tasks.spatial_ssrl.render import Camera, Primitive, random_scene, render
-from mmrl.tasks.spatial_ssrl.reward import ssrl_reward
+from mmrl.tasks.spatial_ssrl.reward import normalise_tags, ssrl_reward
 
 GOOD = "<think>tile 2 is upside down</think> \\boxed{2,0,1,3}"
 
@@ -67,5 +71,25 @@ def test_reward_is_total_and_in_range(output):
     assert 0.0 <= result.score <= 1.0
 
 
-def test_huge_output_is_scored_quickly():
-    assert ssrl_reward("<think>" + "x" * 1_000_000 + "</think>\\boxed{A}", "A").score == pytest.approx(1.0)
+def test_long_outputs_are_scored_and_overlong_ones_refused():
+    long = "<think>" + "x" * (MAX_OUTPUT_CHARS - 40) + "</think>\\boxed{A}"
+    assert ssrl_reward(long, "A").score == pytest.approx(1.0)
+    result = ssrl_reward("<think>" + "x" * 1_000_000 + "</think>\\boxed{A}", "A")
+    assert result.score == 0.0 and "too long" in result.info
+
+
+@pytest.mark.parametrize("output", [
+    "a" + " " * 32_000 + "b",  # the paper's re.sub rescans the run from every space: 5 s
+    "<think>" + "</think>" * 4000,  # a backtracking format regex retries every </think>
+    " < think > x </ think > " + "\n\t " * 5000 + " / \\boxed{ A } ",
+])
+def test_whitespace_runs_and_repeated_tags_are_scored_in_linear_time(output):
+    start = time.perf_counter()
+    ssrl_reward(output, "A")
+    assert time.perf_counter() - start < 0.25
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(["<", ">", "/", " ", "\n", "\u00a0", "\u2003", "a", "think"]), max_size=40).map("".join))
+def test_tag_normalisation_is_the_papers_regex(text):
+    assert normalise_tags(text) == re.sub(r"\s*(<|>|/)\s*", r"\1", text)

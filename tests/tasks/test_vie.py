@@ -92,3 +92,31 @@ def test_a_local_folder_loads_and_a_corrupt_image_is_named(tmp_path):
 def test_missing_local_folder_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="local_dir"):
         task(local_dir=str(tmp_path / "absent"))
+
+
+@pytest.mark.parametrize("digits", [309, 400, 4300])
+def test_huge_json_integers_are_wrong_values_not_crashes(digits):
+    """JSON ints beyond 1e308 used to raise OverflowError (math.isfinite converts to float)."""
+    result = extraction_reward('<answer>{"age": ' + "9" * digits + '}</answer>', {"age": "42"})
+    assert result.score == 0.0 and result.components["json_valid"] == 1.0
+    assert extraction_reward('<answer>{"age": ' + "9" * 5000 + '}</answer>', {"age": "42"}).score == 0.0
+
+
+def test_listing_every_candidate_value_of_a_key_never_pays():
+    """Duplicate keys used to count as separate claims: all four triage colours averaged 0.36 (0.225
+    for committing to one). A key given several different values is one wrong claim."""
+    colours = ("red", "yellow", "green", "black")
+    hedge = '<answer>{' + ", ".join(f'"triage": "{c}"' for c in colours) + '}</answer>'
+    hedged = np.mean([extraction_reward(hedge, {"triage": c}).score for c in colours])
+    committed = np.mean([extraction_reward('<answer>{"triage": "red"}</answer>', {"triage": c}).score for c in colours])
+    assert hedged == 0.0 and committed == pytest.approx(0.225)
+    same_twice = extraction_reward('<answer>{"triage": "red", "Triage": "RED", "bed": ""}</answer>', {"triage": "red"})
+    assert same_twice.score == pytest.approx(0.9)  # the same value repeated is one claim
+
+
+def test_a_repeated_answer_tag_is_scored_quickly():
+    import time
+
+    start = time.perf_counter()
+    extraction_reward("<answer>" * 4000, TRUTH)
+    assert time.perf_counter() - start < 0.25
