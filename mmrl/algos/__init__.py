@@ -10,8 +10,8 @@
 from mmrl.algos.advantages import ADVANTAGE_ESTIMATORS, AdvantageInputs, discounted_returns
 from mmrl.algos.aggregation import AGGREGATIONS, aggregate
 from mmrl.algos.config import AlgoConfig
-from mmrl.algos.losses import POLICY_LOSSES, clipped_surrogate, truncated_is_weights
-from mmrl.algos.masked import group_mean_std, masked_mean, masked_whiten
+from mmrl.algos.losses import POLICY_LOSSES, bounded_log_ratio, clipped_surrogate, truncated_is_weights
+from mmrl.algos.masked import count_nonfinite, group_is_constant, group_mean_std, masked_mean, masked_whiten
 from mmrl.algos.regularizers import (KL_ESTIMATORS, drift_gate, entropy_from_logits, explained_variance, kl_penalty,
                                      value_loss)
 from mmrl.algos.sampling import groups_with_signal, overlong_penalty
@@ -22,8 +22,9 @@ from mmrl.algos.flow_grpo import GAUSSIAN_KL_ESTIMATORS  # noqa: E402  (grpo_glo
 __all__ = [
     "ADVANTAGE_ESTIMATORS", "AGGREGATIONS", "GAUSSIAN_KL_ESTIMATORS", "KL_ESTIMATORS", "POLICY_LOSSES",
     "SHAPING_HOOKS",
-    "AdvantageInputs", "AlgoConfig", "ShapingContext", "aggregate", "clipped_surrogate",
-    "discounted_returns", "entropy_from_logits", "explained_variance", "group_mean_std",
+    "AdvantageInputs", "AlgoConfig", "ShapingContext", "aggregate", "bounded_log_ratio", "clipped_surrogate",
+    "count_nonfinite", "discounted_returns", "entropy_from_logits", "explained_variance", "group_is_constant",
+    "group_mean_std",
     "groups_with_signal", "kl_penalty", "masked_mean", "masked_whiten", "overlong_penalty",
     "truncated_is_weights", "value_loss",
 ]

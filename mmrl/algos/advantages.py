@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from mmrl.algos.config import AlgoConfig
-from mmrl.algos.masked import group_mean_std, masked_whiten, outcome_to_token_rewards
+from mmrl.algos.masked import group_is_constant, group_mean_std, masked_whiten, outcome_to_token_rewards
 from mmrl.core.registry import Registry
 
 
@@ -47,28 +47,39 @@ def grpo_advantage(inp: AdvantageInputs, cfg: AlgoConfig) -> tuple[Tensor, None]
 
     ``norm_adv_by_std=False`` gives Dr. GRPO's A_i = r_i − mean_g (Liu et al. 2025, §3.1).
     std is the unbiased group std (torch.std, as EasyR1/verl). A group of one gets A_i = r_i
-    (mean 0, std 1 as in verl): there is no group to compare with.
+    (mean 0, std 1 as in verl): there is no group to compare with. A group of two or more whose
+    rewards are all equal gets exactly A = 0 (computed in float64, returned in the rewards' dtype).
     """
-    mean, std, count = group_mean_std(inp.rewards, inp.group_id)
+    rewards = inp.rewards.double()
+    mean, std, count = group_mean_std(rewards, inp.group_id)
     single = count < 2
     mean = torch.where(single, torch.zeros_like(mean), mean)
-    adv = inp.rewards - mean
+    adv = rewards - mean
     if cfg.norm_adv_by_std:
         std = torch.where(single, torch.ones_like(std), std)
         adv = adv / (std + cfg.adv_eps)
-    return _broadcast(adv, inp.mask), None
+    adv = _zero_constant_groups(adv, rewards, inp.group_id, single)
+    return _broadcast(adv.to(inp.rewards.dtype), inp.mask), None
+
+
+def _zero_constant_groups(adv: Tensor, rewards: Tensor, group_id: Tensor, single: Tensor) -> Tensor:
+    """A = 0 exactly for the rows of groups of two or more with equal rewards ([N] → [N]): such a
+    group has no signal (``groups_with_signal`` drops it), whatever rounding did to its mean."""
+    return torch.where(group_is_constant(rewards, group_id) & ~single, torch.zeros_like(adv), adv)
 
 
 @ADVANTAGE_ESTIMATORS.register("rloo")
 def rloo_advantage(inp: AdvantageInputs, cfg: AlgoConfig) -> tuple[Tensor, None]:
     """RLOO (Ahmadian et al. 2024, eq. 7): A_i = r_i − (1/(G−1)) Σ_{j≠i} r_j.
 
-    A group of one has no leave-one-out baseline: A_i = r_i.
+    A group of one has no leave-one-out baseline: A_i = r_i. A group of equal rewards gets A = 0.
     """
-    mean, _, count = group_mean_std(inp.rewards, inp.group_id)
-    loo_mean = (mean * count - inp.rewards) / (count - 1).clamp(min=1)
-    adv = torch.where(count > 1, inp.rewards - loo_mean, inp.rewards)
-    return _broadcast(adv, inp.mask), None
+    rewards = inp.rewards.double()
+    mean, _, count = group_mean_std(rewards, inp.group_id)
+    loo_mean = (mean * count - rewards) / (count - 1).clamp(min=1)
+    adv = torch.where(count > 1, rewards - loo_mean, rewards)
+    adv = _zero_constant_groups(adv, rewards, inp.group_id, count < 2)
+    return _broadcast(adv.to(inp.rewards.dtype), inp.mask), None
 
 
 def discounted_returns(rewards: Tensor, mask: Tensor, gamma: float, dones: Tensor | None = None) -> Tensor:

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from mmrl.algos.advantages import ADVANTAGE_ESTIMATORS, AdvantageInputs
 from mmrl.algos.config import AlgoConfig
-from mmrl.algos.masked import group_mean_std
+from mmrl.algos.masked import group_is_constant, group_mean_std
 from mmrl.core.contracts import PolicyOutput
 from mmrl.core.registry import Registry
 
@@ -25,13 +25,17 @@ from mmrl.core.registry import Registry
 def grpo_global_std_advantage(inp: AdvantageInputs, cfg: AlgoConfig) -> tuple[Tensor, None]:
     """A_i = (r_i − mean_g) / (std_batch + ε)  (Flow-GRPO ``global_std=True``; ε = ``adv_eps``,
     Flow-GRPO uses 1e-4). std is the unbiased std of all rewards of the batch on this process.
-    A group of one has no group mean: A_i = r_i / (std_batch + ε).
+    A group of one has no group mean: A_i = r_i / (std_batch + ε). A group of two or more with
+    equal rewards gets exactly A = 0 (computed in float64, returned in the rewards' dtype).
     """
-    mean, _, count = group_mean_std(inp.rewards, inp.group_id)
-    mean = torch.where(count < 2, torch.zeros_like(mean), mean)
-    std = inp.rewards.std() if inp.rewards.numel() > 1 else torch.ones((), dtype=inp.rewards.dtype)
-    adv = (inp.rewards - mean) / (std + cfg.adv_eps)
-    return adv[:, None] * inp.mask, None
+    rewards = inp.rewards.double()
+    mean, _, count = group_mean_std(rewards, inp.group_id)
+    single = count < 2
+    mean = torch.where(single, torch.zeros_like(mean), mean)
+    std = rewards.std() if rewards.numel() > 1 else torch.ones((), dtype=rewards.dtype)
+    adv = (rewards - mean) / (std + cfg.adv_eps)
+    adv = torch.where(group_is_constant(rewards, inp.group_id) & ~single, torch.zeros_like(adv), adv)
+    return adv.to(inp.rewards.dtype)[:, None] * inp.mask, None
 
 
 GaussianKLFn = Callable[[PolicyOutput, PolicyOutput], Tensor]

@@ -4,6 +4,11 @@
 policy's log-prob of the same decisions; ``A`` [N, T] the advantages. The returned per-token
 loss is *minimised*; aggregation to a scalar is a separate axis (``aggregation.py``).
 Metrics are detached scalars averaged over valid tokens.
+
+Every ratio is exp(log ρ) with log ρ clamped to ±``LOG_RATIO_BOUND`` first (verl
+``compute_policy_loss``): exp overflows float32 past 88.7, and an infinite ratio makes the loss
+NaN (A = 0: 0·∞) or infinite (A < 0). A clamped token carries no gradient (its ratio is already
+e^±20, far outside any clip range); ``policy/ratio_clamped_frac`` reports how often it happens.
 """
 
 from __future__ import annotations
@@ -20,11 +25,25 @@ from mmrl.core.registry import Registry
 PolicyLossFn = Callable[[Tensor, Tensor, Tensor, Tensor, AlgoConfig], tuple[Tensor, dict[str, Tensor]]]
 POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss")
 
+LOG_RATIO_BOUND = 20.0
+"""|log ρ| is clamped to this before the exponent (verl: 20; e^20 ≈ 4.9e8, finite in float32)."""
+
+
+def bounded_log_ratio(log_ratio: Tensor) -> Tensor:
+    """log ρ clamped to [−LOG_RATIO_BOUND, LOG_RATIO_BOUND]; unchanged (bit for bit, gradient
+    included) inside the bound, so ``exp`` of it is always finite. NaN stays NaN."""
+    return log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+
 
 def _ratio_metrics(log_ratio: Tensor, clipped: Tensor, mask: Tensor) -> dict[str, Tensor]:
+    """Metrics of the (unbounded) log-ratio: the clip and clamp fractions, k3 KL and mean ratio of
+    the bounded one (finite whatever the log-ratio)."""
     log_ratio = log_ratio.detach()
+    out_of_bound = log_ratio.abs() > LOG_RATIO_BOUND
+    log_ratio = bounded_log_ratio(log_ratio)
     return {
         "policy/clip_frac": masked_mean(clipped.float(), mask),
+        "policy/ratio_clamped_frac": masked_mean(out_of_bound.float(), mask),
         # k3 estimator of KL(π_old ‖ π_θ) on the old policy's samples (Schulman 2020).
         "policy/approx_kl": masked_mean(torch.expm1(log_ratio) - log_ratio, mask),
         "policy/ratio_mean": masked_mean(log_ratio.exp(), mask),
@@ -56,7 +75,7 @@ def clipped_surrogate(ratio: Tensor, adv: Tensor, cfg: AlgoConfig) -> tuple[Tens
 def ppo_clip_loss(logp: Tensor, logp_old: Tensor, adv: Tensor, mask: Tensor, cfg: AlgoConfig):
     """Token-level PPO-clip with ``clip_low``/``clip_high`` and optional ``dual_clip_c``."""
     log_ratio = (logp - logp_old) * mask
-    loss, clipped = clipped_surrogate(log_ratio.exp(), adv, cfg)
+    loss, clipped = clipped_surrogate(bounded_log_ratio(log_ratio).exp(), adv, cfg)
     return loss * mask, _ratio_metrics(log_ratio, clipped, mask)
 
 
@@ -74,7 +93,7 @@ def gspo_loss(logp: Tensor, logp_old: Tensor, adv: Tensor, mask: Tensor, cfg: Al
     """
     seq_log_ratio = _sequence_log_ratio(logp, logp_old, mask)  # [N]
     seq_adv = (adv * mask).sum(1) / mask.sum(1).clamp(min=1)  # [N]
-    loss, clipped = clipped_surrogate(seq_log_ratio.exp(), seq_adv, cfg)  # [N]
+    loss, clipped = clipped_surrogate(bounded_log_ratio(seq_log_ratio).exp(), seq_adv, cfg)  # [N]
     metrics = _ratio_metrics(seq_log_ratio[:, None].expand_as(mask), clipped[:, None].expand_as(mask), mask)
     return loss[:, None] * mask, metrics
 
@@ -87,7 +106,7 @@ def gspo_token_loss(logp: Tensor, logp_old: Tensor, adv: Tensor, mask: Tensor, c
     """
     seq_log_ratio = _sequence_log_ratio(logp, logp_old, mask).detach()  # [N]
     token_log_ratio = seq_log_ratio[:, None] + logp - logp.detach()  # [N, T]
-    loss, clipped = clipped_surrogate(token_log_ratio.exp(), adv, cfg)
+    loss, clipped = clipped_surrogate(bounded_log_ratio(token_log_ratio).exp(), adv, cfg)
     return loss * mask, _ratio_metrics(token_log_ratio * mask, clipped, mask)
 
 
@@ -107,5 +126,6 @@ def truncated_is_weights(logp_old: Tensor, logp_behaviour: Tensor, cap: float) -
     ``logp_behaviour`` comes from the rollout engine (e.g. vLLM), ``logp_old`` from the trainer's
     own forward of the same weights; their mismatch biases the update (Yao et al. 2025, "Your
     efficient RL framework secretly brings you off-policy RL training"). Multiply per-token losses.
+    The log-ratio is bounded (``bounded_log_ratio``) before the exponent, as every ratio here.
     """
-    return torch.exp(logp_old - logp_behaviour).clamp(max=cap).detach()
+    return torch.exp(bounded_log_ratio(logp_old - logp_behaviour)).clamp(max=cap).detach()

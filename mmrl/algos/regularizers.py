@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
+from mmrl.algos.losses import bounded_log_ratio
 from mmrl.algos.masked import masked_mean
 from mmrl.core.registry import Registry
 
@@ -34,8 +35,13 @@ def kl_k2(logp: Tensor, ref_logp: Tensor) -> Tensor:
 
 @KL_ESTIMATORS.register("k3")
 def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
-    """k3 = e^q − q − 1 with q = log π_ref − log π_θ (unbiased, ≥ 0; GRPO eq. 4)."""
-    q = ref_logp - logp
+    """k3 = e^q − q − 1 with q = log π_ref − log π_θ (unbiased, ≥ 0; GRPO eq. 4).
+
+    q is bounded to ±20 before the exponent, as every policy ratio (``bounded_log_ratio``): e^q
+    overflows float32 past q = 88.7 and the loss would be inf. Unlike ``low_var_kl`` the result is
+    not clamped.
+    """
+    q = bounded_log_ratio(ref_logp - logp)
     return torch.expm1(q) - q
 
 

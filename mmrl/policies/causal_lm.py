@@ -194,7 +194,7 @@ class CausalLMPolicy(Policy):
         completion_ids = completion_ids.masked_fill(completion_mask == 0, self.pad_id)
         logits = torch.stack(out.logits, dim=1)  # [N, T, V] raw logits (before processors)
         temperature = torch.full((len(prompts),), sampling.temperature, dtype=torch.float32)  # [N]
-        logp, _ = token_logprobs(logits, completion_ids, temperature, self.suppressed)
+        logp, _ = token_logprobs(logits, completion_ids, temperature, self.suppressed, completion_mask)
         mask = completion_mask.float()
         texts = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
         example_index = torch.arange(len(examples)).repeat_interleave(group_size)
@@ -215,9 +215,9 @@ class CausalLMPolicy(Policy):
                          output_hidden_states=self.value_head is not None)
         # Position i predicts token i + 1: the completion is predicted from positions P−1 .. P+T−2.
         predicting = slice(prompt_len - 1, input_ids.shape[1] - 1)
-        logp, entropy = token_logprobs(out.logits[:, predicting], payload.completion_ids.to(device),
-                                       payload.temperature, self.suppressed, with_entropy)
         mask = payload.completion_mask.to(device).float()
+        logp, entropy = token_logprobs(out.logits[:, predicting], payload.completion_ids.to(device),
+                                       payload.temperature, self.suppressed, mask, with_entropy)
         values = None
         if self.value_head is not None:
             values = self.value_head(out.hidden_states[-1][:, predicting].float()).squeeze(-1) * mask

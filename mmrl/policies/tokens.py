@@ -61,11 +61,16 @@ def completion_mask_from_eos(completion_ids: Tensor, eos_ids: Sequence[int]) -> 
 
 
 def token_logprobs(logits: Tensor, tokens: Tensor, temperature: float | Tensor, suppressed: Tensor | None,
-                   with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+                   mask: Tensor, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
     """log π(token) under softmax(logits / τ) with ``suppressed`` ids removed ([N,T,V] → [N,T]).
 
     ``temperature`` is one τ or one per row ([N]). τ = 0 (greedy) scores under τ = 1. The same
     function serves sampling and re-scoring, so both see one distribution.
+
+    ``mask`` [N, T] marks the real tokens. Outside it the log-prob is 0 (padding may hold a
+    suppressed id, whose log-prob is −inf). Inside it a non-finite log-prob (NaN / inf logits from
+    a diverged forward pass, or a suppressed id in a scored text) is returned as it is, never
+    replaced: the loss then shows it, and ``mmrl.algos.masked.count_nonfinite(logp, mask)`` counts it.
     """
     logits = logits.float()
     if isinstance(temperature, Tensor):
@@ -76,9 +81,9 @@ def token_logprobs(logits: Tensor, tokens: Tensor, temperature: float | Tensor, 
     if suppressed is not None and suppressed.numel():
         logits = logits.index_fill(-1, suppressed, float("-inf"))
     logp_all = F.log_softmax(logits, dim=-1)
-    # Padding may hold a suppressed id (−inf): read a valid id there, the mask drops it anyway.
     logp = logp_all.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-    logp = torch.where(torch.isfinite(logp), logp, torch.zeros_like(logp))
+    # 0 on padding only (a suppressed pad id gives −inf, and −inf · 0 would be NaN downstream).
+    logp = torch.where(mask.to(logp.device) > 0, logp, torch.zeros_like(logp))
     entropy = None
     if with_entropy:
         p = logp_all.exp()

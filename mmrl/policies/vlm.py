@@ -384,9 +384,9 @@ class VLMPolicy(Policy):
         t = completion_ids.shape[1]
         out = self.model(input_ids=input_ids, attention_mask=attention, use_cache=False, logits_to_keep=t + 1, **inputs)
         # Position i predicts token i + 1: the last T + 1 positions' first T predict the completion.
-        logp, entropy = token_logprobs(out.logits[:, :-1], completion_ids, payload.temperature, self.suppressed,
-                                       with_entropy)
         mask = completion_mask.float()
+        logp, entropy = token_logprobs(out.logits[:, :-1], completion_ids, payload.temperature, self.suppressed,
+                                       mask, with_entropy)
         return PolicyOutput(logp=logp * mask, entropy=None if entropy is None else entropy * mask)
 
     def forward(self, rollout: Rollout, with_entropy: bool = False) -> PolicyOutput:

@@ -67,5 +67,6 @@ class HFGenerateSampler:
                              mm_token_type_ids=prompts.mm_token_type_ids, generation_config=config, **vision)
         completion_ids = out.sequences[:, prompts.input_ids.shape[1]:]  # [n, T]
         logits = torch.stack(out.logits, dim=1)  # [n, T, V] raw logits (before processors)
-        logp, _ = token_logprobs(logits, completion_ids, sampling.temperature, rules.suppressed)
+        mask = completion_mask_from_eos(completion_ids, rules.eos_ids)  # [n, T]: tokens up to the first EOS
+        logp, _ = token_logprobs(logits, completion_ids, sampling.temperature, rules.suppressed, mask)
         return completion_ids, logp

@@ -273,3 +273,66 @@ def test_gae_whitened_advantages_keep_raw_returns():
 def test_gae_needs_values():
     with pytest.raises(ValueError, match="values"):
         estimate("gae", GAE_CFG, rewards=t([1.0]), mask=torch.ones(1, 2, dtype=F64), group_id=torch.tensor([0]))
+
+
+# -- float32 rewards: constant groups get exactly 0, normal groups the textbook value --------------------------
+
+# (3, 0.1) and (6, 0.7) in float64: the mean is off by an ulp and the std ~1e-17, not 0
+CONSTANT_GROUPS = [(2, 0.1), (3, 0.1), (6, 0.7), (8, 0.1), (16, 0.7), (128, 0.3), (5, 1 / 3), (4, 1.0), (4, 0.0),
+                   (6, -2.5)]
+
+
+def _constant_group_batch(size: int, value: float, dtype=torch.float32) -> AdvantageInputs:
+    """A constant group of ``size`` rows (id 7) next to a mixed group {0, 1, 0.5} (id 2), interleaved."""
+    rewards = torch.cat([torch.full((size,), value, dtype=dtype), torch.tensor([0.0, 1.0, 0.5], dtype=dtype)])
+    group_id = torch.cat([torch.full((size,), 7), torch.tensor([2, 2, 2])])
+    order = torch.randperm(size + 3, generator=torch.Generator().manual_seed(size))
+    return AdvantageInputs(rewards=rewards[order], mask=torch.ones(size + 3, 2, dtype=dtype),
+                           group_id=group_id[order])
+
+
+@pytest.mark.parametrize("size,value", CONSTANT_GROUPS)
+@pytest.mark.parametrize("name,cfg", [("grpo", AlgoConfig()), ("grpo", AlgoConfig(norm_adv_by_std=False)),
+                                      ("rloo", AlgoConfig()), ("grpo_global_std", AlgoConfig(adv_eps=1e-4))],
+                         ids=["grpo", "dr_grpo", "rloo", "grpo_global_std"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_constant_groups_get_exactly_zero_advantage(name, cfg, size, value, dtype):
+    # Before, float32 sums gave 8 × 0.1 → A = −0.0074, 16 × 0.7 → +0.106, 128 × 0.3 → +0.279 on every row
+    # of the group, while groups_with_signal (float64) dropped the same groups as signal-free.
+    from mmrl.algos.sampling import groups_with_signal
+
+    inp = _constant_group_batch(size, value, dtype)
+    adv, _ = ADVANTAGE_ESTIMATORS.get(name)(inp, cfg)
+    assert adv.dtype == dtype
+    constant = inp.group_id == 7
+    assert (adv[constant] == 0).all(), adv[constant][:, 0].unique()
+    assert (adv[~constant] != 0).any()
+    assert not groups_with_signal(inp.rewards, inp.group_id)[constant].any()
+
+
+def test_grpo_float32_group_matches_a_float64_reference():
+    # The textbook value (r − mean_g) / (std_g + ε), computed here from the float32 rewards in float64.
+    import statistics
+
+    rewards = torch.tensor([0.1, 0.7, 0.3, 0.9, 0.1, 0.1, 0.1], dtype=torch.float32)
+    group_id = torch.tensor([0, 0, 0, 0, 1, 1, 1])
+    adv, _ = estimate("grpo", AlgoConfig(), rewards=rewards, mask=torch.ones(7, 1), group_id=group_id)
+    group = [float(r) for r in rewards[:4]]
+    mean, std = statistics.fmean(group), statistics.stdev(group)
+    expected = torch.tensor([[(r - mean) / (std + EPS)] for r in group] + [[0.0]] * 3, dtype=torch.float32)
+    assert adv.dtype == torch.float32
+    assert_close(adv, expected, rtol=0, atol=1e-7)
+
+
+@pytest.mark.parametrize("name,cfg", [("reinforce_pp", AlgoConfig()), ("returns", AlgoConfig(whiten_advantages=True))])
+@pytest.mark.parametrize("size,value,padded", [(8, 0.1, False), (16, 0.7, False), (128, 0.3, True)])
+def test_whitened_estimators_give_zero_for_equal_returns(name, cfg, size, value, padded):
+    # γ = 1 and outcome rewards only: every valid token's return is the row's reward, equal over the batch,
+    # so whitening has nothing to centre (before: +0.056 on every token for 16 × 0.7).
+    mask = torch.ones(size, 3)
+    if padded:
+        mask[::2, 2] = 0.0
+    adv, _ = estimate(name, cfg, rewards=torch.full((size,), value), mask=mask,
+                      group_id=torch.arange(size) // 4)
+    assert adv.dtype == torch.float32
+    assert (adv == 0).all()

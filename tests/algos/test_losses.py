@@ -243,3 +243,94 @@ def test_truncated_is_weights():
     w = truncated_is_weights(logp_old, t([[-1.5, -2.0, -1.0]]), cap=2.0)
     assert not w.requires_grad
     assert_close(w, t([[1.6487212707, 2.0, 0.3678794412]]))
+
+
+# -- bounded log-ratio: exp(log ρ) never overflows (verl clamps log ρ to ±20) ---------------------------------
+
+RATIO_LOSSES = ["ppo_clip", "gspo", "gspo_token"]
+
+
+@pytest.mark.parametrize("name", RATIO_LOSSES + ["reinforce"])
+@pytest.mark.parametrize("log_ratio", [100.0, -100.0])
+@pytest.mark.parametrize("advantage", [0.0, 1.0, -1.0])
+@pytest.mark.parametrize("dual_clip_c", [None, 3.0])
+def test_extreme_log_ratio_gives_finite_loss_gradient_and_metrics(name, log_ratio, advantage, dual_clip_c):
+    # float32, as in training: e^100 = inf, so before the clamp A = 0 gave 0·inf = NaN and A < 0 (no dual
+    # clip) an infinite loss; the gradient was NaN in every case with log ρ = 100.
+    logp_old = torch.tensor([[-3.0, -2.0, -1.0], [-0.5, -1.5, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    logp = (logp_old + log_ratio * mask).requires_grad_(True)
+    adv = torch.full((2, 3), advantage) * mask
+    cfg = AlgoConfig(policy_loss=name, dual_clip_c=dual_clip_c)
+    loss, metrics = POLICY_LOSSES.get(name)(logp, logp_old, adv, mask, cfg)
+    assert torch.isfinite(loss).all()
+    aggregate(loss, mask, "token-mean").backward()
+    assert torch.isfinite(logp.grad).all()
+    assert all(torch.isfinite(v) for v in metrics.values()), metrics
+    assert metrics["policy/ratio_clamped_frac"].item() == 1.0  # every valid token is out of the bound
+
+
+def test_ratio_clamped_frac_is_a_token_mean_over_the_mask():
+    # valid log-ratios [100, 0.1, −100, 25 | −19.9, 0, 50]: 100, −100, 25, 50 are beyond ±20 → 4 of 7;
+    # the padding (1000) is not counted.
+    log_ratio = torch.tensor([[100.0, 0.1, -100.0, 25.0], [-19.9, 0.0, 50.0, 1000.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 0.0]])
+    _, metrics = POLICY_LOSSES.get("ppo_clip")(log_ratio, torch.zeros(2, 4), torch.ones(2, 4), mask, AlgoConfig())
+    assert metrics["policy/ratio_clamped_frac"].item() == pytest.approx(4 / 7)
+    # the ratio metrics see the bounded ratio: mean of e^{20}, e^{0.1}, e^{−20}, e^{20}, e^{−19.9}, 1, e^{20}
+    expected = (3 * math.exp(20) + math.exp(0.1) + math.exp(-20) + math.exp(-19.9) + 1) / 7
+    assert metrics["policy/ratio_mean"].item() == pytest.approx(expected, rel=1e-6)
+    # GSPO counts a sequence's tokens when its mean log-ratio is out of the bound: the row means 6.275 and
+    # 10.03 are inside; × 4 (25.1, 40.1) both are out, all 7 tokens
+    _, metrics = POLICY_LOSSES.get("gspo")(log_ratio * 4, torch.zeros(2, 4), torch.ones(2, 4), mask, AlgoConfig())
+    assert metrics["policy/ratio_clamped_frac"].item() == pytest.approx(1.0)
+    _, metrics = POLICY_LOSSES.get("gspo")(log_ratio, torch.zeros(2, 4), torch.ones(2, 4), mask, AlgoConfig())
+    assert metrics["policy/ratio_clamped_frac"].item() == 0.0
+
+
+@pytest.mark.parametrize("name", RATIO_LOSSES)
+@pytest.mark.parametrize("dual_clip_c", [None, 3.0])
+def test_bound_leaves_the_normal_range_bit_for_bit(name, dual_clip_c):
+    # |log ρ| < 20: loss and gradient are exactly those of the unbounded formula exp(log ρ).
+    gen = torch.Generator().manual_seed(0)
+    logp_old = -5 * torch.rand(6, 5, generator=gen)
+    log_ratio = (torch.rand(6, 5, generator=gen) * 2 - 1) * torch.tensor([0.01, 0.3, 2.0, 10.0, 19.9])
+    adv = torch.randn(6, 5, generator=gen)
+    mask = (torch.rand(6, 5, generator=gen) > 0.2).float()
+    cfg = AlgoConfig(policy_loss=name, clip_low=0.2, clip_high=0.28, dual_clip_c=dual_clip_c)
+
+    def unbounded(logp: torch.Tensor) -> torch.Tensor:  # the pre-clamp formulas, written out
+        if name == "ppo_clip":
+            return clipped_surrogate(((logp - logp_old) * mask).exp(), adv, cfg)[0] * mask
+        seq = ((logp - logp_old) * mask).sum(1) / mask.sum(1).clamp(min=1)
+        if name == "gspo":
+            seq_adv = (adv * mask).sum(1) / mask.sum(1).clamp(min=1)
+            return clipped_surrogate(seq.exp(), seq_adv, cfg)[0][:, None] * mask
+        return clipped_surrogate((seq.detach()[:, None] + logp - logp.detach()).exp(), adv, cfg)[0] * mask
+
+    logp_a = (logp_old + log_ratio).requires_grad_(True)
+    logp_b = (logp_old + log_ratio).requires_grad_(True)
+    loss_a, metrics = POLICY_LOSSES.get(name)(logp_a, logp_old, adv, mask, cfg)
+    loss_b = unbounded(logp_b)
+    assert torch.equal(loss_a, loss_b)
+    loss_a.sum().backward()
+    loss_b.sum().backward()
+    assert torch.equal(logp_a.grad, logp_b.grad)
+    assert metrics["policy/ratio_clamped_frac"].item() == 0.0
+
+
+def test_truncated_is_weights_extreme_log_ratios():
+    # e^{100} is inf in float32 and would still have been capped, but the weight is now computed from the
+    # bounded log-ratio; −100 gives ~0, and a NaN log-prob stays NaN (visible, not hidden).
+    w = truncated_is_weights(torch.tensor([100.0, -100.0, float("nan"), 0.5]), torch.zeros(4), cap=2.0)
+    assert w[0].item() == 2.0
+    assert 0.0 <= w[1].item() < 1e-8
+    assert math.isnan(w[2].item())
+    assert w[3].item() == pytest.approx(math.exp(0.5))
+
+
+def test_nan_logp_is_not_hidden_by_the_bound():
+    logp = torch.tensor([[float("nan"), -1.0]])
+    loss, _ = POLICY_LOSSES.get("ppo_clip")(logp, torch.tensor([[-1.0, -1.0]]), torch.ones(1, 2), torch.ones(1, 2),
+                                            AlgoConfig())
+    assert math.isnan(loss[0, 0].item()) and loss[0, 1].item() == -1.0

@@ -73,6 +73,20 @@ def test_k3_gradient():
     assert_close(logp.grad, t([0.6321205588]))
 
 
+def test_k3_is_finite_for_extreme_log_ratios():
+    # float32: e^{100} = inf. q is bounded to ±20 before the exponent (the policy ratio's bound):
+    # q = 100 → e^{20} − 20 − 1, q = −100 → e^{−20} + 20 − 1; the result itself is not clamped.
+    logp = torch.tensor([-100.0, 0.0, -1.0]).requires_grad_(True)
+    ref = torch.tensor([0.0, -100.0, -2.0])
+    kl = KL_ESTIMATORS.get("k3")(logp, ref)
+    assert torch.isfinite(kl).all()
+    assert kl[0].item() == pytest.approx(math.exp(20) - 21, rel=1e-6)
+    assert kl[1].item() == pytest.approx(math.exp(-20) + 19, rel=1e-6)
+    assert kl[2].item() == pytest.approx(0.3678794412, rel=1e-6)  # inside the bound: unchanged
+    kl.sum().backward()
+    assert torch.isfinite(logp.grad).all()
+
+
 # -- entropy ---------------------------------------------------------------------------------------------------
 
 

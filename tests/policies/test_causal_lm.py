@@ -49,6 +49,24 @@ def test_logprobs_have_gradients(examples):
     assert grads and all(torch.isfinite(g).all() for g in grads) and any(g.abs().sum() > 0 for g in grads)
 
 
+def test_diverged_forward_gives_nonfinite_logprobs_on_real_tokens_only(examples):
+    # A NaN weight (a diverged update) makes every logit NaN. The log-probs of the completion tokens must
+    # show it (before, they were silently 0 and the update trained on zeros); padding stays 0.
+    from mmrl.algos.masked import count_nonfinite
+
+    policy = tiny_policy()
+    rollout = policy.rollout(examples[:6], 2, SamplingParams(temperature=3.0, max_new_tokens=8), seed=1)
+    assert (rollout.mask == 0).any()  # some rows stop early: there is padding
+    with torch.no_grad():
+        policy.model.model.norm.weight[0] = float("nan")
+    out = policy(rollout, with_entropy=True)
+    valid = rollout.mask > 0
+    assert torch.isnan(out.logp[valid]).all()
+    assert (out.logp[~valid] == 0).all()
+    assert count_nonfinite(out.logp, rollout.mask) == int(rollout.mask.sum())
+    assert count_nonfinite(rollout.logp, rollout.mask) == 0  # the rollout itself was sampled before
+
+
 def test_rollouts_are_seeded(examples):
     policy = tiny_policy()
     params = SamplingParams(max_new_tokens=8)

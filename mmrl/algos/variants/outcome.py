@@ -170,7 +170,7 @@ def beta_posterior_advantage(inp: AdvantageInputs, cfg: AlgoConfig) -> tuple[Ten
     p = variant_params(cfg, "beta_posterior")
     if p.prior_alpha <= 0 or p.prior_beta <= 0:
         raise ValueError(f"beta_posterior needs prior_alpha, prior_beta > 0, got {p.prior_alpha}, {p.prior_beta}")
-    r = unit_rewards(inp.rewards, "beta_posterior")
+    r = unit_rewards(inp.rewards, "beta_posterior").double()  # float64: exact group counts
     successes = torch.zeros_like(r)
     failures = torch.zeros_like(r)
     if p.count_group:
@@ -185,4 +185,4 @@ def beta_posterior_advantage(inp: AdvantageInputs, cfg: AlgoConfig) -> tuple[Ten
     adv = r - posterior
     if p.normalize_std:
         adv = adv / ((posterior * (1.0 - posterior)).sqrt() + cfg.adv_eps)
-    return adv[:, None] * inp.mask, None
+    return adv.to(inp.rewards.dtype)[:, None] * inp.mask, None

@@ -40,8 +40,8 @@ declare_variant("f_grpo", FocalParams)
 
 def focal_weight(outcome: Tensor, group_id: Tensor, gamma: float) -> Tensor:
     """g = (1 − p̂_g)^γ per row, p̂_g the group's empirical success rate ([N] → [N])."""
-    success_rate, _, _ = group_mean_std(outcome, group_id)
-    return (1.0 - success_rate).clamp(min=0.0) ** gamma
+    success_rate, _, _ = group_mean_std(outcome, group_id)  # float64
+    return ((1.0 - success_rate).clamp(min=0.0) ** gamma).to(outcome.dtype)
 
 
 @SHAPING_HOOKS.register("f_grpo")
