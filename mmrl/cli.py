@@ -16,9 +16,10 @@ from pathlib import Path
 
 from mmrl.config import ConfigError
 from mmrl.registry import UnknownNameError
+from mmrl.run_folder import FolderInUseError
 
 # Errors in what the user gave (recipe, override, folder): reported in one line, exit code 2.
-USER_ERRORS = (ConfigError, FileExistsError, FileNotFoundError, UnknownNameError)
+USER_ERRORS = (ConfigError, FileExistsError, FileNotFoundError, UnknownNameError, FolderInUseError)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -34,6 +34,7 @@ from mmrl.engine import Engine
 from mmrl.evaluate import pass_at_k, rollout_metrics, verify
 from mmrl.logging import RunLogger, truncate_metrics
 from mmrl.registry import make_task
+from mmrl.run_folder import prepare_out_dir, release_lock
 from mmrl.rollout import Rollout, SamplingParams
 from mmrl.warm_start import build_initial_policy, warm_start_examples
 
@@ -63,23 +64,6 @@ def select_output(reference: PolicyOutput | Tensor | None, idx: Tensor) -> Polic
     return PolicyOutput(logp=reference.logp[idx],
                         mean=None if reference.mean is None else reference.mean[idx],
                         std=None if reference.std is None else reference.std[idx])
-
-
-def prepare_out_dir(out: Path, resume: bool, overwrite: bool) -> None:
-    """Refuse to clobber a previous run: ``--resume`` continues it, ``--overwrite`` replaces it."""
-    if resume:
-        if not (out / "config.yaml").is_file():
-            raise FileNotFoundError(f"--resume {out}: no run there (config.yaml missing)")
-        return
-    if out.exists() and any(out.iterdir()):
-        if not overwrite:
-            raise FileExistsError(f"{out} already holds files; pass --resume to continue that run or "
-                                  f"--overwrite to replace it")
-        if not (out / "config.yaml").is_file():
-            raise FileExistsError(f"refusing to --overwrite {out}: it holds files but is not an mmrl run "
-                                  f"folder (no config.yaml)")
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
 
 
 class Trainer:
@@ -163,6 +147,7 @@ class Trainer:
                 self.save_checkpoint()
         self.logger.close()
         self.engine.end()
+        release_lock(self.out)
 
     # ------------------------------------------------------------------------------------------
     def collect(self) -> Batch:
