@@ -1,0 +1,81 @@
+"""A damaged checkpoint file is found by its manifest: ``--resume`` falls back to the newest intact
+checkpoint (one warning naming the file) and reproduces the uninterrupted run; with none intact it is
+one clear error."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from mmrl.checkpoint import MANIFEST_FILE
+from mmrl.cli import main
+from mmrl.logging import read_metrics
+
+QUIET = ["log.progress=false", "log.tensorboard=false"]
+RUN = ["trainer.steps=4", "checkpoint.every=2", "checkpoint.keep_last=0", "eval.every=2", "eval.num_examples=4",
+       "rollout.prompts_per_step=4", "rollout.group_size=2", "trainer.minibatches=1", "warm_start.sft_steps=2"]
+
+
+def train(out: Path, *flags: str) -> int:
+    return main(["train", "sanity/tiny_cpu", *QUIET, *RUN, "--out", str(out), "--no-plot", *flags])
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("runs") / "ref"
+    assert train(out) == 0
+    return out
+
+
+def without_timings(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in rows]
+
+
+def test_every_file_is_in_the_manifest(reference_run):
+    folder = reference_run / "checkpoints" / "step_4"
+    files = json.loads((folder / MANIFEST_FILE).read_text())["files"]
+    on_disk = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()} - {MANIFEST_FILE}
+    assert set(files) == on_disk
+    assert {"model.safetensors", "optimizer.bin", "custom_checkpoint_0.pkl", "random_states_0.pkl",
+            "trainer_state.json", "policy/model.safetensors"} <= on_disk
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "optimizer.bin", "custom_checkpoint_0.pkl",
+                                  "trainer_state.json", "policy/model.safetensors"])
+def test_resume_skips_a_truncated_file(reference_run, tmp_path, capsys, name):
+    out = tmp_path / "run"
+    shutil.copytree(reference_run, out)
+    bad = out / "checkpoints" / "step_4" / name
+    bad.write_bytes(bad.read_bytes()[: bad.stat().st_size // 2])
+    capsys.readouterr()
+    assert train(out, "--resume") == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert len(warnings) == 1, warnings
+    assert f"step_4: {name} is " in warnings[0] and warnings[0].endswith("; using step_2"), warnings
+    assert without_timings(read_metrics(out)) == without_timings(read_metrics(reference_run))
+
+
+def test_no_intact_checkpoint_is_one_clear_error(reference_run, tmp_path, capsys):
+    out = tmp_path / "run"
+    shutil.copytree(reference_run, out)
+    for step in (2, 4):
+        (out / "checkpoints" / f"step_{step}" / "optimizer.bin").write_bytes(b"")
+    capsys.readouterr()
+    assert train(out, "--resume") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no intact checkpoint" in err[0] and "optimizer.bin is 0 bytes" in err[0], err
+
+
+def test_a_checkpoint_without_manifest_is_accepted_with_a_warning(reference_run, tmp_path, capsys):
+    out = tmp_path / "run"
+    shutil.copytree(reference_run, out)
+    for step in (2, 4):
+        (out / "checkpoints" / f"step_{step}" / MANIFEST_FILE).unlink()
+    capsys.readouterr()
+    assert train(out, "trainer.steps=5", "--resume") == 0
+    err = capsys.readouterr().err
+    assert err.count(f"no {MANIFEST_FILE}") == 1, err
+    assert [r["step"] for r in read_metrics(out)] == [0, 1, 2, 3, 4, 5]
