@@ -15,6 +15,7 @@ the steps since the previous checkpoint, with a warning naming the file, instead
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -31,6 +32,32 @@ MANIFEST_FILE = "manifest.json"
 
 class DamagedCheckpointError(FileNotFoundError):
     """No checkpoint of a run has all its files intact."""
+
+
+class DiskFullError(OSError):
+    """The disk of a run folder filled up while the run wrote to it."""
+
+
+def disk_full_error(err: BaseException, out: Path) -> DiskFullError | None:
+    """``err`` as a :class:`DiskFullError` when it comes from a full disk under ``out`` (None otherwise);
+    the partial checkpoint being written is removed. torch's writer reports a full disk as
+    ``RuntimeError: ... unexpected pos N vs M`` with no errno: then the free space decides."""
+    chain, seen = [], err
+    while seen is not None and len(chain) < 8:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    full = any(isinstance(e, OSError) and e.errno == errno.ENOSPC or "No space left" in str(e) for e in chain)
+    if not full and isinstance(err, RuntimeError):
+        try:
+            full = shutil.disk_usage(out).free < 1 << 20
+        except OSError:
+            return None
+    if not full:
+        return None
+    for partial in (out / "checkpoints").glob(".step_*.tmp"):
+        shutil.rmtree(partial, ignore_errors=True)
+    return DiskFullError(errno.ENOSPC, f"no space left on the disk of {out} (the partial checkpoint was removed); "
+                                       f"free some space, then continue the run with --resume")
 
 # Fields that may change between a run and its resumption without changing the trajectory.
 # (trainer.steps too, but only under a constant learning rate: a decaying schedule spans the run.)

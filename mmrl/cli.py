@@ -14,6 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from mmrl.checkpoint import DiskFullError
 from mmrl.config import ConfigError
 from mmrl.registry import UnknownNameError
 from mmrl.run_folder import FolderInUseError
@@ -111,6 +112,7 @@ def run_train(args: argparse.Namespace) -> Path:
     """Shared by ``mmrl train`` and the per-domain scripts in ``scripts/``."""
     import transformers
 
+    from mmrl.checkpoint import disk_full_error
     from mmrl.config import load_config
     from mmrl.plotting import plot_run
     from mmrl.trainer import Trainer
@@ -119,9 +121,15 @@ def run_train(args: argparse.Namespace) -> Path:
     if args.resume and args.overwrite:
         raise ConfigError("--resume and --overwrite exclude each other")
     cfg = load_config(args.recipe, args.overrides)
-    trainer = Trainer(cfg, args.out, resume=args.resume, overwrite=args.overwrite)
-    is_main = trainer.engine.is_main
-    trainer.train()
+    try:
+        trainer = Trainer(cfg, args.out, resume=args.resume, overwrite=args.overwrite)
+        is_main = trainer.engine.is_main
+        trainer.train()
+    except (OSError, RuntimeError) as err:
+        full = disk_full_error(err, Path(args.out))
+        if full is None:
+            raise
+        raise full from None
     if is_main:
         print(summarize(Path(args.out)))
         if not args.no_plot:
@@ -246,6 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     except USER_ERRORS as err:
         print(f"mmrl {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except DiskFullError as err:
+        print(f"mmrl {args.command}: error: {err.strerror}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -259,6 +270,9 @@ def script_main(default_recipe: str, description: str, argv: list[str] | None = 
     except USER_ERRORS as err:
         print(f"{parser.prog}: error: {err}", file=sys.stderr)
         return 2
+    except DiskFullError as err:
+        print(f"{parser.prog}: error: {err.strerror}", file=sys.stderr)
+        return 1
     return 0
 
 

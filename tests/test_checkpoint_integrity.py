@@ -79,3 +79,42 @@ def test_a_checkpoint_without_manifest_is_accepted_with_a_warning(reference_run,
     err = capsys.readouterr().err
     assert err.count(f"no {MANIFEST_FILE}") == 1, err
     assert [r["step"] for r in read_metrics(out)] == [0, 1, 2, 3, 4, 5]
+
+
+# sh -c FILL_DISK sh MOUNT_POINT RUN_FOLDER COMMAND...: the command's exit code; its checkpoints folder on stdout
+FILL_DISK = """
+set -e
+mount -t tmpfs -o size=700k tmpfs "$1"
+out="$2"
+shift 2
+set +e
+"$@"
+code=$?
+ls -A "$out/checkpoints"
+exit $code
+"""
+
+
+def test_a_full_disk_is_one_line_and_leaves_no_partial_checkpoint(tmp_path):
+    """The run folder on a 700 kB filesystem (a mount namespace of its own): the first checkpoint does
+    not fit; torch says ``unexpected pos``, mmrl says the disk is full."""
+    import os
+    import subprocess
+    import sys
+
+    small = tmp_path / "small"
+    small.mkdir()
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", FILL_DISK, "sh", str(small), str(small), "mkdir",
+                            str(small / "checkpoints")], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {probe.stderr.decode().strip()}")
+    mmrl = Path(sys.executable).parent / "mmrl"
+    out = small / "run"
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", FILL_DISK, "sh", str(small), str(out), str(mmrl), "train",
+                           "sanity/tiny_cpu", *QUIET, *RUN, "trainer.steps=1", "--out", str(out), "--no-plot"],
+                          capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines() == [
+        f"mmrl train: error: no space left on the disk of {out} (the partial checkpoint was removed); free some "
+        f"space, then continue the run with --resume"], proc.stderr[-3000:]
+    assert proc.stdout.split() == [], f"left in checkpoints/: {proc.stdout}"
