@@ -16,11 +16,12 @@ from pathlib import Path
 
 from mmrl.checkpoint import DiskFullError
 from mmrl.config import ConfigError
+from mmrl.contracts import DataError
 from mmrl.registry import UnknownNameError
 from mmrl.run_folder import FolderInUseError
 
-# Errors in what the user gave (recipe, override, folder): reported in one line, exit code 2.
-USER_ERRORS = (ConfigError, FileExistsError, FileNotFoundError, UnknownNameError, FolderInUseError)
+# Errors in what the user gave (recipe, override, folder, data files): reported in one line, exit code 2.
+USER_ERRORS = (ConfigError, FileExistsError, FileNotFoundError, UnknownNameError, FolderInUseError, DataError)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -115,18 +116,26 @@ def run_train(args: argparse.Namespace) -> Path:
     from mmrl.checkpoint import disk_full_error
     from mmrl.config import load_config
     from mmrl.plotting import plot_run
+    from mmrl.run_folder import remove_if_unused
     from mmrl.trainer import Trainer
 
     transformers.utils.logging.disable_progress_bar()  # one progress bar: the trainer's
     if args.resume and args.overwrite:
         raise ConfigError("--resume and --overwrite exclude each other")
     cfg = load_config(args.recipe, args.overrides)
+    out = Path(args.out)
+    new_folder = not out.exists()
     try:
-        trainer = Trainer(cfg, args.out, resume=args.resume, overwrite=args.overwrite)
-        is_main = trainer.engine.is_main
+        trainer = Trainer(cfg, out, resume=args.resume, overwrite=args.overwrite)
+    except USER_ERRORS:
+        if new_folder:  # e.g. the task's data is unreadable: leave no empty run folder behind
+            remove_if_unused(out)
+        raise
+    is_main = trainer.engine.is_main
+    try:
         trainer.train()
     except (OSError, RuntimeError) as err:
-        full = disk_full_error(err, Path(args.out))
+        full = disk_full_error(err, out)
         if full is None:
             raise
         raise full from None

@@ -147,3 +147,14 @@ def release_lock(out: Path) -> None:
     held = _HELD.pop(out.resolve(), None)
     if held is not None:
         held.close()
+
+
+def remove_if_unused(out: Path) -> None:
+    """Remove a run folder that holds nothing but its marker and lock (a run that failed before
+    writing anything); any other folder is left as it is."""
+    if not out.is_dir() or {p.name for p in out.iterdir()} - {MARKER, LOCK_FILE}:
+        return
+    release_lock(out)
+    for name in (MARKER, LOCK_FILE):
+        (out / name).unlink(missing_ok=True)
+    out.rmdir()

@@ -150,3 +150,20 @@ def test_eval_of_a_folder_without_a_model_is_one_line(tmp_path, capsys):
     assert main(["eval", "sanity/tiny_cpu", "--model", str(tmp_path), "--num-examples", "4"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"--model {tmp_path}: not a model folder" in err[0], err
+
+
+def test_a_corrupt_image_in_an_image_folder_is_one_line_and_leaves_no_run_folder(tmp_path, capsys):
+    import numpy as np
+    from PIL import Image
+
+    images = tmp_path / "images"
+    images.mkdir()
+    for i in range(6):
+        Image.fromarray(np.random.default_rng(i).integers(0, 255, (16, 16, 3), dtype=np.uint8)).save(images / f"{i}.png")
+    (images / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n cut short")
+    out = tmp_path / "run"
+    assert main(["train", "spatial_ssrl/tiny_cpu", "task.args.source=folder", f"task.args.image_dir={images}",
+                 *QUIET, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"mmrl train: error: {images / 'broken.png'}: not a readable image"), err
+    assert not out.exists()
