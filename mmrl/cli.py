@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -20,7 +21,8 @@ from mmrl.contracts import DataError
 from mmrl.registry import UnknownNameError
 from mmrl.run_folder import FolderInUseError
 
-# Errors in what the user gave (recipe, override, folder, data files): reported in one line, exit code 2.
+# Errors in what the user gave (recipe, override, folder, data files): reported in one line, exit code 2
+# (by the first process only, when several were launched: they all fail the same way).
 USER_ERRORS = (ConfigError, FileExistsError, FileNotFoundError, UnknownNameError, FolderInUseError, DataError)
 
 
@@ -210,6 +212,12 @@ def parse_with_overrides(parser: argparse.ArgumentParser, argv: list[str] | None
     return args
 
 
+def report(line: str) -> None:
+    """An error line on stderr, from the first process only (``RANK`` is set by multi-process launchers)."""
+    if os.environ.get("RANK", "0") == "0":
+        print(line, file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_with_overrides(build_parser(), argv)
     try:
@@ -261,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
 
             print(run_extrapolate(args.run, args.observe, args.target, args.out, args.overwrite))
     except USER_ERRORS as err:
-        print(f"mmrl {args.command}: error: {err}", file=sys.stderr)
+        report(f"mmrl {args.command}: error: {err}")
         return 2
     except DiskFullError as err:
         print(f"mmrl {args.command}: error: {err.strerror}", file=sys.stderr)
@@ -277,7 +285,7 @@ def script_main(default_recipe: str, description: str, argv: list[str] | None = 
     try:
         run_train(args)
     except USER_ERRORS as err:
-        print(f"{parser.prog}: error: {err}", file=sys.stderr)
+        report(f"{parser.prog}: error: {err}")
         return 2
     except DiskFullError as err:
         print(f"{parser.prog}: error: {err.strerror}", file=sys.stderr)
