@@ -18,6 +18,7 @@ from pathlib import Path
 from mmrl.checkpoint import DiskFullError
 from mmrl.config import ConfigError
 from mmrl.contracts import DataError
+from mmrl.interrupt import TrainingInterrupted
 from mmrl.registry import UnknownNameError
 from mmrl.run_folder import FolderInUseError
 
@@ -117,6 +118,7 @@ def run_train(args: argparse.Namespace) -> Path:
 
     from mmrl.checkpoint import disk_full_error
     from mmrl.config import load_config
+    from mmrl.interrupt import stop_at_step_boundary
     from mmrl.plotting import plot_run
     from mmrl.run_folder import remove_if_unused
     from mmrl.trainer import Trainer
@@ -127,20 +129,21 @@ def run_train(args: argparse.Namespace) -> Path:
     cfg = load_config(args.recipe, args.overrides)
     out = Path(args.out)
     new_folder = not out.exists()
-    try:
-        trainer = Trainer(cfg, out, resume=args.resume, overwrite=args.overwrite)
-    except USER_ERRORS:
-        if new_folder:  # e.g. the task's data is unreadable: leave no empty run folder behind
-            remove_if_unused(out)
-        raise
-    is_main = trainer.engine.is_main
-    try:
-        trainer.train()
-    except (OSError, RuntimeError) as err:
-        full = disk_full_error(err, out)
-        if full is None:
+    with stop_at_step_boundary():
+        try:
+            trainer = Trainer(cfg, out, resume=args.resume, overwrite=args.overwrite)
+        except USER_ERRORS:
+            if new_folder:  # e.g. the task's data is unreadable: leave no empty run folder behind
+                remove_if_unused(out)
             raise
-        raise full from None
+        is_main = trainer.engine.is_main
+        try:
+            trainer.train()
+        except (OSError, RuntimeError) as err:
+            full = disk_full_error(err, out)
+            if full is None:
+                raise
+            raise full from None
     if is_main:
         print(summarize(Path(args.out)))
         if not args.no_plot:
@@ -272,8 +275,14 @@ def main(argv: list[str] | None = None) -> int:
         report(f"mmrl {args.command}: error: {err}")
         return 2
     except DiskFullError as err:
-        print(f"mmrl {args.command}: error: {err.strerror}", file=sys.stderr)
+        report(f"mmrl {args.command}: error: {err.strerror}")
         return 1
+    except TrainingInterrupted as stopped:
+        report(str(stopped))
+        return stopped.exit_code
+    except KeyboardInterrupt:
+        report(f"mmrl {args.command}: interrupted")
+        return 130
     return 0
 
 
@@ -288,8 +297,14 @@ def script_main(default_recipe: str, description: str, argv: list[str] | None = 
         report(f"{parser.prog}: error: {err}")
         return 2
     except DiskFullError as err:
-        print(f"{parser.prog}: error: {err.strerror}", file=sys.stderr)
+        report(f"{parser.prog}: error: {err.strerror}")
         return 1
+    except TrainingInterrupted as stopped:
+        report(str(stopped))
+        return stopped.exit_code
+    except KeyboardInterrupt:
+        report(f"{parser.prog}: interrupted")
+        return 130
     return 0
 
 

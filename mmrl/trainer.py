@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from mmrl import checkpoint as ckpt
+from mmrl import interrupt
 from mmrl.algos import (ADVANTAGE_ESTIMATORS, GAUSSIAN_KL_ESTIMATORS, POLICY_LOSSES, SHAPING_HOOKS, AdvantageInputs,
                         ShapingContext, aggregate, drift_gate, groups_with_signal, kl_penalty, overlong_penalty,
                         truncated_is_weights, value_loss)
@@ -143,8 +144,13 @@ class Trainer:
             if self.step == cfg.trainer.steps or (cfg.eval.every and self.step % cfg.eval.every == 0):
                 row |= self.evaluate()
             self.logger.log(row)
-            if self.step == cfg.trainer.steps or (cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0):
+            stop = self.engine.any(interrupt.requested())  # SIGINT / SIGTERM: checkpoint, then stop
+            if stop or self.step == cfg.trainer.steps or (cfg.checkpoint.every
+                                                          and self.step % cfg.checkpoint.every == 0):
                 self.save_checkpoint()
+            if stop and self.step < cfg.trainer.steps:
+                self.logger.close()
+                raise interrupt.TrainingInterrupted(self.step)
         self.logger.close()
         self.engine.end()
         release_lock(self.out)
