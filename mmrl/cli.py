@@ -11,14 +11,20 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
+from mmrl.core.checkpoint import DiskFullError
 from mmrl.core.config import ConfigError
+from mmrl.core.contracts import DataError
+from mmrl.core.interrupt import TrainingInterrupted
 from mmrl.core.registry import UnknownNameError
+from mmrl.core.run_folder import FolderInUseError
 
-# Errors in what the user gave (recipe, override, folder): reported in one line, exit code 2.
-USER_ERRORS = (ConfigError, FileExistsError, FileNotFoundError, UnknownNameError)
+# Errors in what the user gave (recipe, override, folder, data files): reported in one line, exit code 2
+# (by the first process only, when several were launched: they all fail the same way).
+USER_ERRORS = (ConfigError, FileExistsError, FileNotFoundError, UnknownNameError, FolderInUseError, DataError)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -132,17 +138,34 @@ def run_train(args: argparse.Namespace) -> Path:
     """Shared by ``mmrl train`` and the per-domain scripts in ``scripts/``."""
     import transformers
 
+    from mmrl.core.checkpoint import disk_full_error
     from mmrl.core.config import load_config
+    from mmrl.core.interrupt import stop_at_step_boundary
     from mmrl.experiments.plotting import plot_run
+    from mmrl.core.run_folder import remove_if_unused
     from mmrl.core.trainer import Trainer
 
     transformers.utils.logging.disable_progress_bar()  # one progress bar: the trainer's
     if args.resume and args.overwrite:
         raise ConfigError("--resume and --overwrite exclude each other")
     cfg = load_config(args.recipe, args.overrides)
-    trainer = Trainer(cfg, args.out, resume=args.resume, overwrite=args.overwrite)
-    is_main = trainer.engine.is_main
-    trainer.train()
+    out = Path(args.out)
+    new_folder = not out.exists()
+    with stop_at_step_boundary():
+        try:
+            trainer = Trainer(cfg, out, resume=args.resume, overwrite=args.overwrite)
+        except USER_ERRORS:
+            if new_folder:  # e.g. the task's data is unreadable: leave no empty run folder behind
+                remove_if_unused(out)
+            raise
+        is_main = trainer.engine.is_main
+        try:
+            trainer.train()
+        except (OSError, RuntimeError) as err:
+            full = disk_full_error(err, out)
+            if full is None:
+                raise
+            raise full from None
     if is_main:
         print(summarize(Path(args.out)))
         if not args.no_plot:
@@ -214,6 +237,12 @@ def parse_with_overrides(parser: argparse.ArgumentParser, argv: list[str] | None
     return args
 
 
+def report(line: str) -> None:
+    """An error line on stderr, from the first process only (``RANK`` is set by multi-process launchers)."""
+    if os.environ.get("RANK", "0") == "0":
+        print(line, file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_with_overrides(build_parser(), argv)
     try:
@@ -265,8 +294,17 @@ def main(argv: list[str] | None = None) -> int:
 
             print(run_extrapolate(args.run, args.observe, args.target, args.out, args.overwrite))
     except USER_ERRORS as err:
-        print(f"mmrl {args.command}: error: {err}", file=sys.stderr)
+        report(f"mmrl {args.command}: error: {err}")
         return 2
+    except DiskFullError as err:
+        report(f"mmrl {args.command}: error: {err.strerror}")
+        return 1
+    except TrainingInterrupted as stopped:
+        report(str(stopped))
+        return stopped.exit_code
+    except KeyboardInterrupt:
+        report(f"mmrl {args.command}: interrupted")
+        return 130
     return 0
 
 
@@ -278,8 +316,17 @@ def script_main(default_recipe: str, description: str, argv: list[str] | None = 
     try:
         run_train(args)
     except USER_ERRORS as err:
-        print(f"{parser.prog}: error: {err}", file=sys.stderr)
+        report(f"{parser.prog}: error: {err}")
         return 2
+    except DiskFullError as err:
+        report(f"{parser.prog}: error: {err.strerror}")
+        return 1
+    except TrainingInterrupted as stopped:
+        report(str(stopped))
+        return stopped.exit_code
+    except KeyboardInterrupt:
+        report(f"{parser.prog}: interrupted")
+        return 130
     return 0
 
 

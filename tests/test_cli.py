@@ -113,3 +113,57 @@ def test_eval_of_a_run_equals_the_runs_own_last_evaluation(tmp_path, capsys):
 def test_eval_user_errors_exit_2(capsys, argv, message):
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("runs") / "run"
+    assert main(["train", "sanity/tiny_cpu", "--out", str(run), *QUIET, *TINY, "trainer.steps=1", "--no-plot"]) == 0
+    return run
+
+
+def eval_json(tmp_path: Path, target: str, model: Path, *overrides: str) -> dict:
+    report = tmp_path / "eval.json"
+    assert main(["eval", target, *overrides, "--model", str(model), "--num-examples", "16", "--json", str(report)]) == 0
+    return __import__("json").loads(report.read_text())["metrics"]["test"]
+
+
+def test_eval_of_a_recipe_with_a_run_evaluates_the_recipes_task(tiny_run, tmp_path):
+    recipe = tmp_path / "longer.yaml"
+    recipe.write_text((ROOT / "configs" / "sanity" / "tiny_cpu.yaml").read_text()
+                      .replace("args: {min_len: 3, max_len: 4}", "args: {min_len: 6, max_len: 6}"))
+    weights = tiny_run / "checkpoints" / "step_1" / "policy"
+    got = eval_json(tmp_path, str(recipe), tiny_run)
+    assert got == eval_json(tmp_path, str(recipe), weights)  # the recipe's task, the run's weights
+    assert got != eval_json(tmp_path, "sanity/tiny_cpu", tiny_run)  # not the run's own task
+    assert eval_json(tmp_path, "sanity/reverse-v0", tiny_run) == eval_json(tmp_path, "sanity/tiny_cpu", weights)
+
+
+def test_eval_refuses_a_recipe_whose_policy_is_not_the_runs(tiny_run, capsys):
+    assert main(["eval", "sanity/ppo_tiny_cpu", "--model", str(tiny_run), "--num-examples", "4"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "the recipe's policy differs from the one" in err[0] and "value_head" in err[0], err
+
+
+def test_eval_of_a_folder_without_a_model_is_one_line(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("not a model")
+    assert main(["eval", "sanity/tiny_cpu", "--model", str(tmp_path), "--num-examples", "4"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"--model {tmp_path}: not a model folder" in err[0], err
+
+
+def test_a_corrupt_image_in_an_image_folder_is_one_line_and_leaves_no_run_folder(tmp_path, capsys):
+    import numpy as np
+    from PIL import Image
+
+    images = tmp_path / "images"
+    images.mkdir()
+    for i in range(6):
+        Image.fromarray(np.random.default_rng(i).integers(0, 255, (16, 16, 3), dtype=np.uint8)).save(images / f"{i}.png")
+    (images / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n cut short")
+    out = tmp_path / "run"
+    assert main(["train", "spatial_ssrl/tiny_cpu", "task.args.source=folder", f"task.args.image_dir={images}",
+                 *QUIET, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"mmrl train: error: {images / 'broken.png'}: not a readable image"), err
+    assert not out.exists()

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from mmrl.algos.config import AlgoConfig
-from mmrl.core.config import ConfigError, TrainConfig, apply_overrides, build, load_config, resolve_recipe, to_dict
+from mmrl.core.config import (FIELD_RANGES, ConfigError, TrainConfig, apply_overrides, build, load_config, resolve_recipe,
+                         to_dict)
 from mmrl.tasks.sanity import ReverseConfig
 
 
@@ -102,3 +105,69 @@ def test_round_trip_through_plain_data(sanity_config):
     again = build(TrainConfig, to_dict(cfg))
     assert to_dict(again) == to_dict(cfg)
     assert build(AlgoConfig, {}) == AlgoConfig()
+
+
+# -- ranges of the numeric fields ----------------------------------------------------------------
+def numeric_fields() -> list[str]:
+    """Dotted paths of the int / float fields (optional ones included) of every config section."""
+    import typing
+
+    from mmrl.core import config
+
+    paths = []
+    for section in dataclasses.fields(TrainConfig):
+        cls = typing.get_type_hints(TrainConfig)[section.name]
+        if cls is config.ComponentConfig:
+            continue
+        for f, hint in zip(dataclasses.fields(cls), typing.get_type_hints(cls).values()):
+            if {int, float} & {hint, *typing.get_args(hint)}:
+                paths.append(f"{section.name}.{f.name}")
+    return paths
+
+
+def test_every_numeric_field_has_a_range():
+    assert sorted(numeric_fields()) == sorted(FIELD_RANGES)
+
+
+def just_outside(allowed) -> object:
+    if allowed.low is not None:
+        return allowed.low if allowed.low_open else allowed.low - 1
+    if allowed.high is not None:
+        return allowed.high if allowed.high_open else allowed.high + 1
+    return ".nan"
+
+
+@pytest.mark.parametrize("key", sorted(FIELD_RANGES))
+def test_each_numeric_field_rejects_a_value_outside_its_range(key):
+    with pytest.raises(ConfigError, match=rf"^invalid config: .*{key} must be "):
+        load_config("sanity/tiny_cpu", [f"{key}={just_outside(FIELD_RANGES[key])}"])
+
+
+@pytest.mark.parametrize("override, message", [
+    ("warm_start.batch_size=0", "warm_start.batch_size must be >= 1, got 0"),
+    ("eval.num_examples=0", "eval.num_examples must be >= 1, got 0"),
+    ("trainer.lr=-1", "trainer.lr must be > 0, got -1.0"),
+    ("rollout.temperature=-1", "rollout.temperature must be > 0, got -1.0"),
+    ("eval.every=-1", "eval.every must be >= 0, got -1"),
+    ("checkpoint.every=-1", "checkpoint.every must be >= 0, got -1"),
+    ("checkpoint.keep_last=-1", "checkpoint.keep_last must be >= 0, got -1"),
+    ("warm_start.sft_steps=-1", "warm_start.sft_steps must be >= 0, got -1"),
+    ("rollout.top_p=0", "rollout.top_p must be in (0, 1], got 0.0"),
+    ("algo.clip_low=-0.2", "algo.clip_low must be >= 0, got -0.2"),
+    ("algo.gamma=1.5", "algo.gamma must be in [0, 1], got 1.5"),
+    ("algo.dual_clip_c=1", "algo.dual_clip_c must be > 1, got 1.0"),
+    ("trainer.lr=.nan", "trainer.lr must be > 0, got nan"),
+])
+def test_out_of_range_values_are_one_line_from_the_cli(tmp_path, capsys, override, message):
+    from mmrl.cli import main
+
+    out = tmp_path / "run"
+    assert main(["train", "sanity/tiny_cpu", override, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"mmrl train: error: invalid config: {message}"]
+    assert not out.exists()
+
+
+def test_several_problems_are_listed_in_one_error():
+    with pytest.raises(ConfigError, match=r"trainer.lr must be > 0, got -1.0; .*eval.every must be >= 0, got -1"):
+        load_config("sanity/tiny_cpu", ["trainer.lr=-1", "eval.every=-1"])

@@ -39,6 +39,7 @@ from mmrl.envs.world_model.data import (DEMONSTRATION, Trajectories, behaviour_s
                                         warm_start_demonstrations, warm_start_seeds)
 from mmrl.envs.world_model.metrics import mae, ssim
 from mmrl.envs.world_model.model import CONFIG_FILE, POOL_FILE, LatentWorldModel, WorldModelConfig
+from mmrl.core.run_folder import mark_written, prepare_atomic_out
 
 HORIZONS = (1, 5, 10, 20, 30)
 
@@ -270,11 +271,7 @@ def train_world_model(recipe_path: str | Path, out: str | Path, overwrite: bool 
     """Collect data, fit, measure and save a world model to ``out`` (atomically)."""
     recipe, raw = load_recipe(recipe_path)
     out = Path(out)
-    if out.exists() and any(out.iterdir()):
-        if not overwrite:
-            raise FileExistsError(f"{out} already holds files; pass --overwrite to replace it")
-        if not (out / CONFIG_FILE).is_file():
-            raise FileExistsError(f"refusing to --overwrite {out}: it is not a world-model folder (no {CONFIG_FILE})")
+    prepare_atomic_out(out, overwrite, "mmrl train-world-model")
     start, cpu_start = time.perf_counter(), time.process_time()
     train, held_out = collect_dataset(recipe)
     collect_s = time.perf_counter() - start
@@ -298,7 +295,7 @@ def train_world_model(recipe_path: str | Path, out: str | Path, overwrite: bool 
            "history": history}
     (tmp / "train_log.json").write_text(json.dumps(log, indent=1))
     (tmp / "recipe.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    shutil.rmtree(out, ignore_errors=True)
+    mark_written(tmp, "train-world-model")
     out.parent.mkdir(parents=True, exist_ok=True)
     os.replace(tmp, out)
     return out

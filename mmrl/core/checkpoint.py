@@ -5,14 +5,22 @@ correctly under FSDP/DeepSpeed), ``policy/`` in the ecosystem's format (loads wi
 ``trainer_state.json`` (step, data-iterator RNG state, counters, config fingerprint). A checkpoint
 is written to a temporary folder and renamed into place, so a killed run never leaves a partial
 one; ``OUT/checkpoints/latest`` names the newest.
+
+Each checkpoint also holds ``manifest.json``: the size and SHA-256 of every other file in it, written
+last, before the rename. The checkpoint to resume from (:func:`latest_checkpoint`) is the newest one
+whose files match their manifest, so a file damaged later (a full disk, a copy cut short, bit rot) costs
+the steps since the previous checkpoint, with a warning naming the file, instead of a crash deep in
+``torch.load``.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +28,37 @@ from mmrl.core.config import ConfigError, TrainConfig, dump_config, to_dict
 from mmrl.core.logging import truncate_metrics
 
 STATE_FILE = "trainer_state.json"
+MANIFEST_FILE = "manifest.json"
+
+
+class DamagedCheckpointError(FileNotFoundError):
+    """No checkpoint of a run has all its files intact."""
+
+
+class DiskFullError(OSError):
+    """The disk of a run folder filled up while the run wrote to it."""
+
+
+def disk_full_error(err: BaseException, out: Path) -> DiskFullError | None:
+    """``err`` as a :class:`DiskFullError` when it comes from a full disk under ``out`` (None otherwise);
+    the partial checkpoint being written is removed. torch's writer reports a full disk as
+    ``RuntimeError: ... unexpected pos N vs M`` with no errno: then the free space decides."""
+    chain, seen = [], err
+    while seen is not None and len(chain) < 8:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    full = any(isinstance(e, OSError) and e.errno == errno.ENOSPC or "No space left" in str(e) for e in chain)
+    if not full and isinstance(err, RuntimeError):
+        try:
+            full = shutil.disk_usage(out).free < 1 << 20
+        except OSError:
+            return None
+    if not full:
+        return None
+    for partial in (out / "checkpoints").glob(".step_*.tmp"):
+        shutil.rmtree(partial, ignore_errors=True)
+    return DiskFullError(errno.ENOSPC, f"no space left on the disk of {out} (the partial checkpoint was removed); "
+                                       f"free some space, then continue the run with --resume")
 
 # Fields that may change between a run and its resumption without changing the trajectory.
 # (trainer.steps too, but only under a constant learning rate: a decaying schedule spans the run.)
@@ -51,13 +90,81 @@ def checkpoint_dir(out: Path, step: int) -> Path:
 
 
 def latest_checkpoint(out: Path) -> Path | None:
-    pointer = out / "checkpoints" / "latest"
-    if not pointer.is_file():
+    """The newest checkpoint of the run in ``out`` whose files match its manifest (None: no checkpoint).
+    A damaged newer one is skipped with a one-line warning naming the bad file; when every checkpoint
+    is damaged, :class:`DamagedCheckpointError` lists them."""
+    root = out / "checkpoints"
+    steps = sorted((int(p.name.split("_")[1]) for p in root.glob("step_*")
+                    if p.is_dir() and p.name.split("_")[1].isdigit()), reverse=True)
+    damaged = []
+    for step in steps:
+        path = root / f"step_{step}"
+        problem = checkpoint_problem(path)
+        if problem is None:
+            for bad in damaged:
+                warn(f"checkpoint {bad}; using {path.name}")
+            return path
+        damaged.append(f"{path}: {problem}")
+    if damaged:
+        raise DamagedCheckpointError(f"no intact checkpoint in {root}: " + "; ".join(damaged))
+    return None
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def checkpoint_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p.relative_to(folder).as_posix() != MANIFEST_FILE)
+
+
+def write_manifest(folder: Path) -> None:
+    """``manifest.json``: size and SHA-256 of every file of the checkpoint (``policy/`` and the RNG
+    states of every process included)."""
+    files = {p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "sha256": file_sha256(p)}
+             for p in checkpoint_files(folder)}
+    (folder / MANIFEST_FILE).write_text(json.dumps({"files": files}, indent=1))
+
+
+_UNVERIFIED_WARNED: set[Path] = set()
+
+
+def checkpoint_problem(folder: Path) -> str | None:
+    """What is wrong with the checkpoint in ``folder`` (its first damaged file), or None when every file
+    matches the manifest. A checkpoint written before manifests existed is accepted when its state file
+    reads (with a warning, once per run folder)."""
+    manifest = folder / MANIFEST_FILE
+    if not manifest.is_file():
+        try:
+            json.loads((folder / STATE_FILE).read_text())
+        except (OSError, ValueError) as err:
+            return f"{STATE_FILE} does not read ({type(err).__name__}: {err})"
+        if folder.parent not in _UNVERIFIED_WARNED:
+            _UNVERIFIED_WARNED.add(folder.parent)
+            warn(f"{folder} has no {MANIFEST_FILE} (written by an older mmrl): its files are not verified")
         return None
-    path = out / "checkpoints" / pointer.read_text().strip()
-    if not (path / STATE_FILE).is_file():
-        raise FileNotFoundError(f"{pointer} names {path.name}, which is missing or incomplete")
-    return path
+    try:
+        files = json.loads(manifest.read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return f"{MANIFEST_FILE} does not read ({type(err).__name__})"
+    for name, want in files.items():
+        path = folder / name
+        if not path.is_file():
+            return f"{name} is missing"
+        size = path.stat().st_size
+        if size != want["size"]:
+            return f"{name} is {size} bytes, the manifest says {want['size']} (truncated or overwritten)"
+        if file_sha256(path) != want["sha256"]:
+            return f"{name} does not match its SHA-256 in the manifest (corrupted)"
+    return None
+
+
+def warn(message: str) -> None:
+    print(f"mmrl: warning: {message}", file=sys.stderr, flush=True)
 
 
 def read_state(path: Path) -> dict[str, Any]:
@@ -65,8 +172,9 @@ def read_state(path: Path) -> dict[str, Any]:
 
 
 def finalize(tmp: Path, final: Path, state: dict[str, Any], keep_last: int) -> None:
-    """Main process: write the state file, move ``tmp`` into place, update ``latest``, prune."""
+    """Main process: write the state file and the manifest, move ``tmp`` into place, update ``latest``, prune."""
     (tmp / STATE_FILE).write_text(json.dumps(state, indent=1))
+    write_manifest(tmp)
     if final.exists():  # a checkpoint of the same step from a run that was resumed before it
         shutil.rmtree(final)
     os.replace(tmp, final)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 from dataclasses import dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -167,6 +168,78 @@ class TrainConfig:
 
 
 # ------------------------------------------------------------------------------------------------
+# Ranges of the numeric fields
+
+
+@dataclass(frozen=True)
+class Range:
+    """An interval of allowed values; ``None`` ends are unbounded. Every value must also be finite."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    """The low end itself is excluded (``> low``)."""
+    high_open: bool = False
+
+    def contains(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return self.high is None or (value < self.high if self.high_open else value <= self.high)
+
+    def __str__(self) -> str:
+        low = None if self.low is None else f"{'>' if self.low_open else '>='} {self.low:g}"
+        if self.high is None:
+            return low or "finite"
+        if self.low is None:
+            return f"{'<' if self.high_open else '<='} {self.high:g}"
+        return (f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}")
+
+
+AT_LEAST_0, AT_LEAST_1, POSITIVE, UNIT = Range(0), Range(1), Range(0, low_open=True), Range(0, 1)
+
+# Every numeric field of the configs below and of AlgoConfig, by dotted path (a None value of an
+# optional field is always allowed: it switches the feature off). tests/test_config.py checks that
+# none is missing.
+FIELD_RANGES: dict[str, Range] = {
+    "rollout.prompts_per_step": AT_LEAST_1, "rollout.group_size": AT_LEAST_1,
+    "rollout.temperature": POSITIVE,  # the tempered distribution (and its log-probs) needs T > 0
+    "rollout.top_p": Range(0, 1, low_open=True), "rollout.max_new_tokens": AT_LEAST_1,
+    "rollout.reference_rows": AT_LEAST_0, "rollout.param_noise_std": AT_LEAST_0,
+    "trainer.seed": AT_LEAST_0, "trainer.steps": AT_LEAST_1, "trainer.lr": POSITIVE,
+    "trainer.weight_decay": AT_LEAST_0, "trainer.warmup_steps": AT_LEAST_0, "trainer.ppo_epochs": AT_LEAST_1,
+    "trainer.minibatches": AT_LEAST_1, "trainer.micro_batch_size": AT_LEAST_1, "trainer.grad_clip": POSITIVE,
+    "eval.every": AT_LEAST_0, "eval.num_examples": AT_LEAST_1, "eval.temperature": AT_LEAST_0,
+    "eval.seed": AT_LEAST_0, "eval.pass_k": AT_LEAST_0, "eval.pass_temperature": POSITIVE,
+    "eval.pass_threshold": Range(),
+    "checkpoint.every": AT_LEAST_0, "checkpoint.keep_last": AT_LEAST_0,
+    "warm_start.sft_steps": AT_LEAST_0, "warm_start.lr": POSITIVE, "warm_start.batch_size": AT_LEAST_1,
+    "warm_start.seed": AT_LEAST_0, "warm_start.vision_steps": AT_LEAST_0, "warm_start.vision_lr": POSITIVE,
+    "algo.adv_eps": POSITIVE,  # 0 divides by a zero group std
+    "algo.gamma": UNIT, "algo.lam": UNIT, "algo.kl_in_reward_coef": AT_LEAST_0,
+    "algo.clip_low": AT_LEAST_0, "algo.clip_high": AT_LEAST_0,
+    "algo.dual_clip_c": Range(1, low_open=True),  # Ye et al. 2020: c > 1
+    "algo.tis_cap": POSITIVE, "algo.loss_agg_norm_len": AT_LEAST_1,
+    "algo.kl_coef": AT_LEAST_0, "algo.entropy_coef": AT_LEAST_0, "algo.bc_coef": AT_LEAST_0,
+    "algo.bc_kl_threshold": POSITIVE, "algo.bc_batch_size": AT_LEAST_1, "algo.value_coef": AT_LEAST_0,
+    "algo.value_clip": POSITIVE, "algo.value_huber_delta": POSITIVE, "algo.adv_clip": POSITIVE,
+    "algo.max_gen_rounds": AT_LEAST_1, "algo.overlong_max_len": AT_LEAST_1, "algo.overlong_buffer": AT_LEAST_0,
+    "algo.overlong_factor": AT_LEAST_0,
+}
+
+
+def range_problems(cfg: TrainConfig) -> list[str]:
+    """``<field> must be <range>, got <value>`` for every numeric field outside its :data:`FIELD_RANGES`."""
+    problems = []
+    for key, allowed in FIELD_RANGES.items():
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        if value is not None and not allowed.contains(value):
+            problems.append(f"{key} must be {allowed}, got {value}")
+    return problems
+
+
 # Recipes and overrides
 
 def list_recipes() -> list[str]:
@@ -251,7 +324,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     if a.rehearsal_divergence is not None:
         _lookup(REHEARSAL_DIVERGENCES, a.rehearsal_divergence)
     validate_extra(a)  # algo.extra.<variant> sections: typed, unknown keys rejected
-    problems = []
+    problems = range_problems(cfg)
     if a.rollout_strategy != "plain" and a.dynamic_sampling:
         problems.append(f"algo.rollout_strategy: {a.rollout_strategy} and algo.dynamic_sampling both choose the "
                         f"rows of a step: use one of them")
@@ -261,13 +334,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     if not 0 <= cfg.rollout.reference_rows < cfg.rollout.group_size:
         problems.append(f"rollout.reference_rows must be in 0..group_size − 1 ({cfg.rollout.group_size - 1}), "
                         f"got {cfg.rollout.reference_rows}: at least one row per group is sampled")
-    if cfg.rollout.param_noise_std < 0:
-        problems.append(f"rollout.param_noise_std must be >= 0, got {cfg.rollout.param_noise_std}")
     if cfg.rollout.param_noise_std > 0 and (a.tis_cap is None or not cfg.trainer.recompute_logp_old):
         problems.append("rollout.param_noise_std > 0 (PSN) trains on rollouts of perturbed weights: set "
                         "trainer.recompute_logp_old: true and algo.tis_cap (e.g. 2.0) for truncated IS")
-    if cfg.eval.pass_k < 0:
-        problems.append(f"eval.pass_k must be >= 0, got {cfg.eval.pass_k}")
     if a.bc_coef > 0 and cfg.trainer.ref_model == "none":
         problems.append("algo.bc_coef > 0 gates the BC regulariser by the KL to a reference: set "
                         "trainer.ref_model: copy (or adapter_disabled); algo.kl_coef may stay 0")
@@ -287,18 +356,11 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         problems.append("algo.dynamic_sampling needs rollout.group_size >= 2")
     if a.overlong_max_len is not None and not 0 < a.overlong_buffer <= a.overlong_max_len:
         problems.append("algo.overlong_buffer must be in 1..algo.overlong_max_len")
-    for key, value in (("rollout.prompts_per_step", cfg.rollout.prompts_per_step),
-                       ("rollout.group_size", cfg.rollout.group_size), ("trainer.steps", cfg.trainer.steps),
-                       ("trainer.ppo_epochs", cfg.trainer.ppo_epochs), ("trainer.minibatches", cfg.trainer.minibatches),
-                       ("trainer.micro_batch_size", cfg.trainer.micro_batch_size),
-                       ("rollout.max_new_tokens", cfg.rollout.max_new_tokens)):
-        if value < 1:
-            problems.append(f"{key} must be >= 1, got {value}")
-    if cfg.rollout.prompts_per_step % cfg.trainer.minibatches:
+    if cfg.trainer.minibatches >= 1 and cfg.rollout.prompts_per_step % cfg.trainer.minibatches:
         problems.append(f"rollout.prompts_per_step ({cfg.rollout.prompts_per_step}) must be divisible by "
                         f"trainer.minibatches ({cfg.trainer.minibatches}): minibatches hold whole groups")
     if problems:
-        raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
+        raise ConfigError("invalid config: " + "; ".join(problems))
     return dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, args=task_args),
                                policy=dataclasses.replace(cfg.policy, args=policy_args))
 

@@ -18,6 +18,11 @@ from torch import Tensor, nn
 from mmrl.core.rollout import Rollout, SamplingParams
 
 
+class DataError(ValueError):
+    """A task's local data (the files a user points it at) cannot be used; the message names the file
+    and what is wrong with it. The command line reports it in one line."""
+
+
 @dataclass(frozen=True)
 class RewardResult:
     """A verifier's verdict on one output.

@@ -17,6 +17,8 @@ import torch
 from accelerate import Accelerator
 from torch import Tensor
 
+from mmrl.core.config import ConfigError
+
 
 class _TiedWeightsNotice(logging.Filter):
     """accelerate warns on every checkpoint of a model with tied embeddings (ours: tiny LMs);
@@ -29,6 +31,10 @@ class _TiedWeightsNotice(logging.Filter):
 logging.getLogger("accelerate.utils.other").addFilter(_TiedWeightsNotice())
 
 
+class LaunchError(ConfigError):
+    """The processes were launched in a way that cannot train (reported once, by rank 0)."""
+
+
 class Engine:
     def __init__(self, mixed_precision: str | None = None):
         """``mixed_precision`` None leaves the choice to the launch config / environment."""
@@ -37,8 +43,8 @@ class Engine:
         if launched > 1 and self.accelerator.num_processes == 1:
             # e.g. a MULTI_GPU launch config on a machine without GPUs: every process would train
             # alone and write the same run folder.
-            raise RuntimeError(f"launched with WORLD_SIZE={launched} but accelerate sees one process; on CPU "
-                               f"set ACCELERATE_USE_CPU=true (see configs/accelerate/cpu_2proc.yaml)")
+            raise LaunchError(f"launched with WORLD_SIZE={launched} but accelerate sees one process; on CPU "
+                              f"set ACCELERATE_USE_CPU=true (see configs/accelerate/cpu_2proc.yaml)")
 
     @property
     def rank(self) -> int:

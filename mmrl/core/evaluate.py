@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from mmrl.core.config import ConfigError, TrainConfig, apply_overrides, build, load_yaml, resolve_recipe, validate
+from mmrl.core.config import (ConfigError, TrainConfig, apply_overrides, build, load_yaml, resolve_recipe, to_dict,
+                         validate)
 from mmrl.core.contracts import Policy, RewardResult
 from mmrl.core.rollout import Rollout, SamplingParams, derive_seed
 
@@ -125,12 +126,13 @@ def resolve(target: str, model: str | None, overrides: Sequence[str], policy_nam
             ) -> tuple[TrainConfig, Path | None]:
     """The config to build the task and policy from, and the weights to load into the policy.
 
-    - ``model`` is a run folder (``config.yaml`` + ``checkpoints/``): its config, its latest checkpoint;
-    - ``model`` is a folder written by ``mmrl sft`` / ``mmrl bc`` (``config.yaml``, no checkpoints): its
-      config, its weights;
+    - ``model`` is a run folder (``config.yaml`` + ``checkpoints/``: its latest intact checkpoint) or a
+      folder written by ``mmrl sft`` / ``mmrl bc`` (``config.yaml``, its weights): the policy is the
+      folder's; the task is ``target``'s: a task id (the folder's task args when it is the folder's
+      task, else the task's defaults), or a recipe, whose policy must then be the folder's;
     - otherwise ``target`` names the config: a recipe (its policy, then ``model``'s weights loaded into
       it), or a registered task id (``policy_name`` built from ``model``: ``pretrained=<model>``).
-    The task is always ``target``'s when ``target`` is a task id. Overrides apply last.
+    Overrides apply last.
     """
     from mmrl.core import checkpoint as ckpt
     from mmrl.core.registry import TASKS, load_plugins
@@ -150,6 +152,8 @@ def resolve(target: str, model: str | None, overrides: Sequence[str], policy_nam
             weights = latest / "policy"
         if is_task and data.get("task", {}).get("name") != target:
             data["task"] = {"name": target, "args": {}}
+        elif not is_task:
+            data = recipe_with_policy_of(target, data, model_dir)
     elif is_task:
         if model_dir is None:
             raise ConfigError(f"mmrl eval {target}: give the weights with --model DIR (an HF folder or a run)")
@@ -160,6 +164,22 @@ def resolve(target: str, model: str | None, overrides: Sequence[str], policy_nam
     return validate(build(TrainConfig, apply_overrides(data, list(overrides)))), weights
 
 
+def recipe_with_policy_of(recipe: str, run_data: dict, run: Path) -> dict:
+    """The recipe's config, when its policy is the one the run (or sft folder) trained; a
+    :class:`ConfigError` when they differ (the run's weights would not fit the recipe's policy)."""
+    data = load_yaml(resolve_recipe(recipe))
+    theirs, ours = validate(build(TrainConfig, run_data)).policy, validate(build(TrainConfig, data)).policy
+    if to_dict(theirs) != to_dict(ours):
+        differ = sorted(k for k in {*to_dict(ours)["args"], *to_dict(theirs)["args"]}
+                        if to_dict(ours)["args"].get(k) != to_dict(theirs)["args"].get(k))
+        what = f"policy.args {', '.join(differ)}" if theirs.name == ours.name else \
+            f"policy {ours.name!r} vs {theirs.name!r}"
+        raise ConfigError(f"mmrl eval {recipe} --model {run}: the recipe's policy differs from the one {run} trained "
+                          f"({what}); evaluate a task id instead (e.g. mmrl eval {data['task']['name']} "
+                          f"--model {run}) or a recipe with the run's policy")
+    return data
+
+
 def evaluate_target(target: str, model: str | None, overrides: Sequence[str], splits: Sequence[str],
                     s: EvalSettings, policy_name: str = "vlm", max_new_tokens: int | None = None
                     ) -> dict[str, dict[str, float]]:
@@ -168,9 +188,15 @@ def evaluate_target(target: str, model: str | None, overrides: Sequence[str], sp
 
     cfg, weights = resolve(target, model, overrides, policy_name)
     task = make_task(cfg.task.name, cfg.task.args)
-    policy = make_policy(cfg.policy.name, cfg.policy.args)
-    if weights is not None:
-        policy.load_weights(str(weights))
+    try:
+        policy = make_policy(cfg.policy.name, cfg.policy.args)
+        if weights is not None:
+            policy.load_weights(str(weights))
+    except OSError as err:  # e.g. transformers' "no file named model.safetensors ... found"
+        if model is None:
+            raise
+        raise FileNotFoundError(f"--model {model}: not a model folder that {cfg.policy.name!r} can load "
+                                f"({' '.join(str(err).split())})") from None
     # pass@k samples and threshold as the config's evaluation defines them (a run's own settings)
     s = dataclasses.replace(s, max_new_tokens=max_new_tokens or cfg.rollout.max_new_tokens,
                             pass_temperature=cfg.eval.pass_temperature, pass_threshold=cfg.eval.pass_threshold)

@@ -25,6 +25,7 @@ from mmrl.algos.hooks import (LOSS_HOOKS, ROLLOUT_HOOKS, HookContext, MicroBatch
                               compose_draw, round_driver)
 from mmrl.algos.variants import algo_needs
 from mmrl.core import checkpoint as ckpt
+from mmrl.core import interrupt
 from mmrl.core.config import ConfigError, TrainConfig, dump_config
 from mmrl.core.contracts import Policy, PolicyOutput
 from mmrl.core.engine import Engine
@@ -33,7 +34,7 @@ from mmrl.core.logging import RunLogger
 from mmrl.core.registry import make_task
 from mmrl.core.rescoring import forward_no_grad, gaussian_outputs, select_output
 from mmrl.core.rollout import Rollout, SamplingParams, derive_seed
-from mmrl.core.run_folder import prepare_out_dir
+from mmrl.core.run_folder import prepare_out_dir, release_lock
 from mmrl.core.scored import Scored
 from mmrl.core.warm_start import build_initial_policy, warm_start_examples
 
@@ -107,10 +108,15 @@ class Trainer:
             if self.step == cfg.trainer.steps or (cfg.eval.every and self.step % cfg.eval.every == 0):
                 row |= self.evaluate()
             self.logger.log(row)
-            if self.step == cfg.trainer.steps or (cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0):
+            stop = self.engine.any(interrupt.requested())  # SIGINT / SIGTERM: checkpoint, then stop
+            if stop or self.step == cfg.trainer.steps or (cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0):
                 self.save_checkpoint()
+            if stop and self.step < cfg.trainer.steps:
+                self.logger.close()
+                raise interrupt.TrainingInterrupted(self.step)
         self.logger.close()
         self.engine.end()
+        release_lock(self.out)
 
     # -- collect: this process's share of the step's prompts, drawn through the rollout hooks, scored --------
     def collect(self) -> Scored:

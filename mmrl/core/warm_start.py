@@ -81,17 +81,12 @@ def export_warm_start(cfg: TrainConfig, out: str | Path, overwrite: bool = False
     The folder can then seed RL with ``policy.args.pretrained=<out>`` (policies that load one).
     """
     from mmrl.core.config import ConfigError, dump_config
+    from mmrl.core.run_folder import mark_written, prepare_atomic_out
 
     if cfg.warm_start.sft_steps < 1:
         raise ConfigError("warm_start.sft_steps must be >= 1 to run a supervised warm start")
     out = Path(out)
-    if out.exists() and any(out.iterdir()):
-        if not overwrite:
-            raise FileExistsError(f"{out} already holds files; pass --overwrite to replace it")
-        if not (out / "config.yaml").is_file():
-            raise FileExistsError(f"refusing to --overwrite {out}: it holds files but was not written by mmrl "
-                                  f"(no config.yaml)")
-        shutil.rmtree(out)
+    prepare_atomic_out(out, overwrite, "mmrl sft")
     policy = make_policy(cfg.policy.name, cfg.policy.args)
     losses = sft(policy, cfg)
     tmp = out.with_name(f".{out.name}.tmp")
@@ -99,6 +94,7 @@ def export_warm_start(cfg: TrainConfig, out: str | Path, overwrite: bool = False
     policy.save_pretrained(str(tmp))
     dump_config(cfg, tmp / "config.yaml")
     (tmp / "sft_losses.json").write_text(json.dumps(losses))
+    mark_written(tmp, "sft")
     out.parent.mkdir(parents=True, exist_ok=True)
     os.replace(tmp, out)
     return out

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import copy
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +39,7 @@ from mmrl.core import checkpoint as ckpt
 from mmrl.core.config import ConfigError, TrainConfig, load_config
 from mmrl.core.contracts import Policy
 from mmrl.core.rollout import SamplingParams
+from mmrl.core.run_folder import mark_written, prepare_atomic_out
 
 
 def as_matrix(t: Tensor) -> Tensor:
@@ -139,12 +139,7 @@ def run_extrapolate(run: str | Path, observe: str, target: int, out: str | Path,
         steps = [int(s) for s in observe.split(",") if s.strip()]
     except ValueError:
         raise ConfigError(f"--observe {observe!r}: give comma-separated steps, e.g. 10,20") from None
-    if out.exists() and any(out.iterdir()):
-        if not overwrite:
-            raise FileExistsError(f"{out} already holds files; pass --overwrite to replace it")
-        if not (out / "extrapolation.json").is_file():
-            raise FileExistsError(f"refusing to --overwrite {out}: not written by mmrl extrapolate")
-        shutil.rmtree(out)
+    prepare_atomic_out(out, overwrite, "mmrl extrapolate")
     cfg = load_config(str(run / "config.yaml"))
     task = make_task(cfg.task.name, cfg.task.args)
     initial = build_initial_policy(cfg).eval()  # the warm start: rebuilt (or read from the cache) from the config
@@ -174,6 +169,7 @@ def run_extrapolate(run: str | Path, observe: str, target: int, out: str | Path,
             "predicted": relative_distance(predicted_state, trained_state, initial_state),
             f"observed_step_{steps[-1]}": relative_distance(observed[-1][1], trained_state, initial_state)}
     (out / "extrapolation.json").write_text(json.dumps(report, indent=1))
+    mark_written(out, "extrapolate")
     lines = [f"rank-1 extrapolation of {run} from steps {steps} to step {target} "
              f"(rank-1 energy of the last delta {fit['rank1_energy_fraction']:.3f}):"]
     for name, metrics in report["eval"].items():

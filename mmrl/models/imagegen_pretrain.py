@@ -32,6 +32,7 @@ from transformers import CLIPTextConfig, CLIPTextModel, PreTrainedTokenizerFast
 from mmrl.core.config import build
 from mmrl.core.paths import resolve_asset
 from mmrl.models.diffusers_folder import save_pipeline
+from mmrl.core.run_folder import mark_written, prepare_atomic_out
 from mmrl.tasks.imagegen.shapes import all_prompts, prompt_vocabulary, render
 
 PAD, EOS, UNK = "[PAD]", "[EOS]", "[UNK]"
@@ -133,12 +134,7 @@ def pretrain(config: str | Path, out: str | Path, progress: bool = True, overwri
         cfg = PretrainConfig(cfg.kind, cfg.image_size, cfg.unet, cfg.text_encoder, cfg.scheduler,
                              PretrainSchedule(**{**cfg.train.__dict__, "steps": steps}))
     out = Path(out)
-    if out.exists() and any(out.iterdir()):
-        if not overwrite:
-            raise FileExistsError(f"{out} already holds files; pass --overwrite to replace it")
-        if not (out / "pretrain.json").is_file():
-            raise FileExistsError(f"refusing to --overwrite {out}: not written by mmrl pretrain-imagegen")
-        shutil.rmtree(out)
+    prepare_atomic_out(out, overwrite, "mmrl pretrain-imagegen")
     unet, scheduler, text_encoder, tokenizer = build_models(cfg)
     t = cfg.train
     params = list(unet.parameters()) + list(text_encoder.parameters())
@@ -171,6 +167,7 @@ def pretrain(config: str | Path, out: str | Path, progress: bool = True, overwri
     tmp.mkdir(parents=True)
     save_pipeline(tmp, unet.eval(), scheduler, text_encoder.eval(), tokenizer, None)
     (tmp / "pretrain.json").write_text(json.dumps({"config": raw, "steps": t.steps, "losses": losses}))
+    mark_written(tmp, "pretrain-imagegen")
     out.parent.mkdir(parents=True, exist_ok=True)
     os.replace(tmp, out)
     return out

@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 from mmrl.core.config import build
 from mmrl.models.var import MultiScaleVQ, NextScaleTransformer, VARSpec
 from mmrl.core.paths import resolve_asset
+from mmrl.core.run_folder import mark_written, prepare_atomic_out
 from mmrl.tasks.imagegen.shapes import ShapePrompt, all_prompts, is_ood, prompt_vocabulary, render
 
 SPEC_FILE, VQ_FILE, TRANSFORMER_FILE, INFO_FILE = ("var_spec.json", "vq.safetensors", "transformer.safetensors",
@@ -210,12 +211,7 @@ def pretrain_var(config: str | Path, out: str | Path, progress: bool = True, ove
         cfg = dataclasses.replace(cfg, vq=dataclasses.replace(cfg.vq, steps=steps),
                                   transformer=dataclasses.replace(cfg.transformer, steps=steps))
     out = Path(out)
-    if out.exists() and any(out.iterdir()):
-        if not overwrite:
-            raise FileExistsError(f"{out} already holds files; pass --overwrite to replace it")
-        if not (out / INFO_FILE).is_file():
-            raise FileExistsError(f"refusing to --overwrite {out}: not written by mmrl pretrain-imagegen")
-        shutil.rmtree(out)
+    prepare_atomic_out(out, overwrite, "mmrl pretrain-imagegen")
     spec = var_spec(cfg)
     rng = np.random.default_rng(cfg.seed)
     with torch.random.fork_rng():
@@ -231,6 +227,7 @@ def pretrain_var(config: str | Path, out: str | Path, progress: bool = True, ove
     save_var(tmp, vq, model.eval())
     (tmp / INFO_FILE).write_text(json.dumps({"config": raw, "vq_losses": vq_losses, "transformer_losses": tf_losses,
                                              "reconstruction": quality}))
+    mark_written(tmp, "pretrain-imagegen")
     out.parent.mkdir(parents=True, exist_ok=True)
     os.replace(tmp, out)
     return out

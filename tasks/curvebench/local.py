@@ -23,6 +23,7 @@ from typing import Any
 
 from PIL import Image, UnidentifiedImageError
 
+from mmrl.core.contracts import DataError
 from mmrl.tasks.curvebench.trees import canonical_parents, rooted_tree_problem
 
 COLUMNS = ("image", "num_nodes", "tree")
@@ -37,11 +38,11 @@ def _open_image(value: Any, base: Path, where: str) -> Image.Image:
         elif isinstance(value, str):
             image = Image.open(base / value)
         else:
-            raise ValueError(f"{where}: image must be bytes, a path or a {{bytes, path}} struct, "
+            raise DataError(f"{where}: image must be bytes, a path or a {{bytes, path}} struct, "
                              f"got {type(value).__name__}")
         image.load()
     except (OSError, UnidentifiedImageError) as error:
-        raise ValueError(f"{where}: unreadable image ({error})") from error
+        raise DataError(f"{where}: unreadable image ({error})") from error
     return image.convert("RGB")
 
 
@@ -50,14 +51,14 @@ def _row_example(row: dict[str, Any], base: Path, where: str, category: str, sys
 
     missing = [c for c in COLUMNS if c not in row]
     if missing:
-        raise ValueError(f"{where}: missing column(s) {missing}; a CurveBench row has {list(COLUMNS)}")
+        raise DataError(f"{where}: missing column(s) {missing}; a CurveBench row has {list(COLUMNS)}")
     try:
         edges = [(int(p), int(c)) for p, c in row["tree"]]
     except (TypeError, ValueError) as error:
-        raise ValueError(f"{where}: tree must be a list of (parent, child) integer pairs ({error})") from error
+        raise DataError(f"{where}: tree must be a list of (parent, child) integer pairs ({error})") from error
     problem = rooted_tree_problem(edges) if edges else ""
     if problem or int(row["num_nodes"]) != len(edges):
-        raise ValueError(f"{where}: tree is not a rooted tree on 0..num_nodes={row['num_nodes']} "
+        raise DataError(f"{where}: tree is not a rooted tree on 0..num_nodes={row['num_nodes']} "
                          f"({problem or f'{len(edges)} edges'})")
     image = _open_image(row["image"], base, where)
     return LoadedExample(str(row.get("category") or category), where, canonical_parents(edges), image, system)
@@ -84,9 +85,9 @@ def _jsonl_rows(file: Path) -> list[tuple[str, dict[str, Any]]]:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as error:
-            raise ValueError(f"{file}:{i}: not valid JSON ({error})") from error
+            raise DataError(f"{file}:{i}: not valid JSON ({error})") from error
         if not isinstance(row, dict):
-            raise ValueError(f"{file}:{i}: each line must be a JSON object")
+            raise DataError(f"{file}:{i}: each line must be a JSON object")
         if "image" not in row and "file_name" in row:
             row["image"] = row["file_name"]
         rows.append((f"{file}:{i}", row))
@@ -106,5 +107,5 @@ def load_local(path: str, system: str | None = None) -> list:
         raise FileNotFoundError(f"task.args train_path/test_path: {path} is not a .parquet file or a folder with "
                                 "metadata.jsonl or .parquet files")
     if not rows:
-        raise ValueError(f"{path}: no rows")
+        raise DataError(f"{path}: no rows")
     return [_row_example(row, base, where, root.stem, system) for where, row in rows]

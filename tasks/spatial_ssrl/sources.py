@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from mmrl.core.contracts import DataError
 from mmrl.tasks.spatial_ssrl.render import random_scene
 
 SPLITS = ("train", "test")
@@ -60,7 +61,7 @@ def _load_rgb(path: Path, max_side: int) -> tuple[np.ndarray, tuple[int, int]]:
         with Image.open(path) as image:
             image = image.convert("RGB")
     except (OSError, ValueError, SyntaxError) as error:
-        raise ValueError(f"{path}: not a readable image ({error})") from error
+        raise DataError(f"{path}: not a readable image ({error})") from error
     original = (image.height, image.width)
     scale = max_side / max(image.size)
     if scale < 1:
@@ -77,11 +78,11 @@ def _load_depth(path: Path, original: tuple[int, int], shape: tuple[int, int]) -
         mask_path = path.with_name(path.stem + "_mask.npy")
         mask = np.load(mask_path).squeeze().astype(bool) if mask_path.is_file() else np.ones(depth.shape, bool)
     except (OSError, ValueError) as error:
-        raise ValueError(f"{path}: not a readable depth array ({error})") from error
+        raise DataError(f"{path}: not a readable depth array ({error})") from error
     if depth.ndim != 2 or mask.shape != depth.shape:
-        raise ValueError(f"{path}: depth must be H×W (with a mask of the same shape), got {depth.shape} / {mask.shape}")
+        raise DataError(f"{path}: depth must be H×W (with a mask of the same shape), got {depth.shape} / {mask.shape}")
     if depth.shape != original:
-        raise ValueError(f"{path}: depth shape {depth.shape} differs from its image's {original}")
+        raise DataError(f"{path}: depth shape {depth.shape} differs from its image's {original}")
     depth = np.where(mask & np.isfinite(depth) & (depth > 0), depth, np.nan)
     if depth.shape != shape:  # the image was downscaled: nearest-neighbour keeps depth edges
         rows = (np.arange(shape[0]) * depth.shape[0] // shape[0])
@@ -99,7 +100,7 @@ class FolderSource:
             raise FileNotFoundError(f"task.args.image_dir: {folder} is not a folder")
         paths = sorted(p for p in root.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
         if not paths:
-            raise ValueError(f"task.args.image_dir: no {'/'.join(IMAGE_SUFFIXES)} images in {folder}")
+            raise DataError(f"task.args.image_dir: no {'/'.join(IMAGE_SUFFIXES)} images in {folder}")
         self.max_side = max_side
         self.images: dict[str, list[Path]] = {"train": [], "test": []}
         with_depth = 0
@@ -110,12 +111,12 @@ class FolderSource:
                 _load_depth(depth_path, original, rgb.shape[:2])
                 with_depth += 1
             elif need_depth:
-                raise ValueError(f"{path}: the depth pretext tasks need {depth_path.name} beside it")
+                raise DataError(f"{path}: the depth pretext tasks need {depth_path.name} beside it")
             self.images[split_of_name(path.name, test_fraction)].append(path)
         self.has_depth = with_depth == len(paths)
         for split, files in self.images.items():
             if not files:
-                raise ValueError(f"task.args.image_dir: the hash split leaves no {split} image among the "
+                raise DataError(f"task.args.image_dir: the hash split leaves no {split} image among the "
                                  f"{len(paths)} in {folder}; add images or change task.args.test_fraction")
 
     def draw(self, split: str, rng: np.random.Generator) -> SourceImage:

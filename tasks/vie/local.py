@@ -15,6 +15,7 @@ from typing import Any
 
 from PIL import Image
 
+from mmrl.core.contracts import DataError
 from mmrl.tasks.vie.reward import flatten
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
@@ -39,7 +40,7 @@ def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{path}: not valid JSON ({error})") from error
+        raise DataError(f"{path}: not valid JSON ({error})") from error
 
 
 def load_local_folder(folder: str) -> tuple[list[LocalDocument], dict[str, str]]:
@@ -51,24 +52,24 @@ def load_local_folder(folder: str) -> tuple[list[LocalDocument], dict[str, str]]
     if (root / "schema.json").is_file():
         raw = _read_json(root / "schema.json")
         if not isinstance(raw, dict) or not all(isinstance(v, str) for v in raw.values()):
-            raise ValueError(f"{root / 'schema.json'}: must be a JSON object of key → description strings")
+            raise DataError(f"{root / 'schema.json'}: must be a JSON object of key → description strings")
         schema = dict(raw)
     documents = []
     for image_path in sorted(p for p in root.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES):
         annotation = image_path.with_suffix(".json")
         if not annotation.is_file():
-            raise ValueError(f"{image_path}: no annotation {annotation.name} beside it")
+            raise DataError(f"{image_path}: no annotation {annotation.name} beside it")
         try:
             with Image.open(image_path) as image:
                 image.load()
         except (OSError, ValueError, SyntaxError) as error:
-            raise ValueError(f"{image_path}: not a readable image ({error})") from error
+            raise DataError(f"{image_path}: not a readable image ({error})") from error
         truth = _read_json(annotation)
         if not isinstance(truth, dict) or not truth:
-            raise ValueError(f"{annotation}: the annotation must be a non-empty JSON object")
+            raise DataError(f"{annotation}: the annotation must be a non-empty JSON object")
         fields = tuple((k, _value_text(v)) for k, v in flatten(truth))
         documents.append(LocalDocument(image_path.stem, str(image_path), fields))
     if not documents:
-        raise ValueError(f"task.args.local_dir: no {'/'.join(IMAGE_SUFFIXES)} images in {folder}")
+        raise DataError(f"task.args.local_dir: no {'/'.join(IMAGE_SUFFIXES)} images in {folder}")
     keys = {k for d in documents for k, _ in d.fields}
     return documents, {k: schema.get(k, k) for k in sorted(keys)}

@@ -117,3 +117,17 @@ def test_two_process_training_runs(tmp_path):
         # accelerate saves one RNG state per process: proof that two processes ran.
         assert sorted(p.name for p in ckpt.glob("random_states_*.pkl")) == ["random_states_0.pkl",
                                                                            "random_states_1.pkl"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU machine runs 2 processes without ACCELERATE_USE_CPU")
+def test_two_processes_without_accelerate_use_cpu_is_one_line_from_rank_0(tmp_path):
+    env = env_for(tmp_path)
+    env.pop("ACCELERATE_USE_CPU")
+    proc = subprocess.run([*launch_two(free_port()), "-m", "mmrl.cli", "train", "sanity/tiny_cpu", "--out",
+                           str(tmp_path / "run"), "log.progress=false"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=180)
+    assert proc.returncode != 0
+    ours = [line for line in proc.stderr.splitlines() if line.startswith(("mmrl train", "[rank"))]
+    assert ours == ["mmrl train: error: launched with WORLD_SIZE=2 but accelerate sees one process; on CPU set "
+                    "ACCELERATE_USE_CPU=true (see configs/accelerate/cpu_2proc.yaml)"], proc.stderr[-4000:]
+    assert not (tmp_path / "run").exists()
