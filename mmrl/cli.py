@@ -18,6 +18,7 @@ from pathlib import Path
 from mmrl.core.checkpoint import DiskFullError
 from mmrl.core.config import ConfigError
 from mmrl.core.contracts import DataError
+from mmrl.core.guards import TrainingDiverged
 from mmrl.core.interrupt import TrainingInterrupted
 from mmrl.core.registry import UnknownNameError
 from mmrl.core.run_folder import FolderInUseError
@@ -299,6 +300,9 @@ def main(argv: list[str] | None = None) -> int:
     except DiskFullError as err:
         report(f"mmrl {args.command}: error: {err.strerror}")
         return 1
+    except TrainingDiverged as err:
+        report(f"mmrl {args.command}: error: {err}")
+        return 1
     except TrainingInterrupted as stopped:
         report(str(stopped))
         return stopped.exit_code
@@ -320,6 +324,9 @@ def script_main(default_recipe: str, description: str, argv: list[str] | None = 
         return 2
     except DiskFullError as err:
         report(f"{parser.prog}: error: {err.strerror}")
+        return 1
+    except TrainingDiverged as err:
+        report(f"{parser.prog}: error: {err}")
         return 1
     except TrainingInterrupted as stopped:
         report(str(stopped))

@@ -14,6 +14,8 @@ from mmrl.core.config import load_config
 from mmrl.experiments.plotting import plot_run
 from mmrl.core.registry import TASKS, register_task
 from mmrl.tasks.sanity import ReverseConfig, ReverseTask
+from mmrl.core.guards import TrainingDiverged
+from mmrl.core.scored import finite_outcomes
 from mmrl.core.trainer import Trainer, train
 
 QUIET = ["log.progress=false", "log.tensorboard=false"]
@@ -57,7 +59,7 @@ def test_run_outputs_and_metric_contract(tmp_path):
     out = tmp_path / "run"
     rows = run(out, *SHORT, "eval.every=2", "checkpoint.every=2")
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
-    assert set(rows[0]) == {"step", "eval/reward_mean", "eval/exact_match", "eval/position_acc"}
+    assert set(rows[0]) == {"step", "perf/threads", "eval/reward_mean", "eval/exact_match", "eval/position_acc"}
     for row in rows[1:]:
         missing = [k for k in REQUIRED if k not in row]
         assert not missing, missing
@@ -74,7 +76,7 @@ def test_extra_eval_splits_are_logged_under_their_names(tmp_path):
     """eval.extra_splits: each split evaluated at the same times as eval.split, as eval/<split>/<metric>;
     evaluating the main split again as an extra one gives the same examples and numbers."""
     rows = run(tmp_path / "run", *SHORT, "eval.extra_splits=[train, test]")
-    assert set(rows[0]) == {"step", "eval/reward_mean", "eval/exact_match", "eval/position_acc",
+    assert set(rows[0]) == {"step", "perf/threads", "eval/reward_mean", "eval/exact_match", "eval/position_acc",
                             "eval/train/reward_mean", "eval/train/exact_match", "eval/train/position_acc",
                             "eval/test/reward_mean", "eval/test/exact_match", "eval/test/position_acc"}
     for row in (rows[0], rows[-1]):
@@ -113,22 +115,63 @@ for task_id, cls in (("testing/nan_reverse-v0", NanOnSomeOutputs), ("testing/hug
         register_task(task_id, cls, ReverseConfig)
 
 
-def test_nan_reward_skips_the_step(tmp_path):
+def test_nan_rewards_are_replaced_counted_and_said_once(tmp_path, capsys):
+    """A verifier that returns NaN for some outputs does not stop learning: those rows get their group's
+    finite mean (no signal), the rest of the step trains, the count is logged and said once."""
     rows = run(tmp_path / "run", *SHORT, "task.name=testing/nan_reverse-v0")
+    steps = rows[1:]
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
-    assert all(r.get("train/skipped_nonfinite_reward") == 1 and "loss/policy" not in r for r in rows[1:])
+    assert all(math.isfinite(r["loss/policy"]) and math.isfinite(r["reward/mean"]) for r in steps)
+    assert sum(r["train/nonfinite_rewards"] for r in steps) > 0 and all(r["policy/version"] > 0 for r in steps)
+    assert capsys.readouterr().err.count("non-finite rewards") == 1
     assert rows[-1]["eval/reward_mean"] is None  # the held-out mean is NaN too: logged as null
+
+
+def test_finite_outcomes_replace_by_the_group_mean():
+    outcome = torch.tensor([1.0, float("nan"), 0.0, float("inf"), float("nan"), float("nan")])
+    fixed, bad = finite_outcomes(outcome, torch.tensor([0, 0, 0, 1, 1, 2]))
+    assert bad == 4 and torch.equal(fixed, torch.tensor([1.0, 0.5, 0.0, 0.0, 0.0, 0.0]))
 
 
 def test_nonfinite_gradient_skips_the_update(tmp_path):
     cfg = load_config("sanity/tiny_cpu", [*QUIET, *SHORT, "task.name=testing/huge_reverse-v0", "algo.advantage=returns",
                                           "algo.whiten_advantages=false", "trainer.ppo_epochs=1", "trainer.minibatches=1",
-                                          "trainer.grad_clip=1e30"])
+                                          "trainer.grad_clip=1e30", "trainer.max_skipped_frac=1"])
     trainer = Trainer(cfg, tmp_path / "run")
     before = {k: v.clone() for k, v in trainer.policy.state_dict().items()}
     trainer.train()
-    assert trainer.skipped_updates == 3 and trainer.policy.version == 0
+    assert trainer.guard.skipped_updates == 3 and trainer.policy.version == 0
     assert all(torch.equal(before[k], v) for k, v in trainer.policy.state_dict().items())
+
+
+def test_a_run_that_skips_most_updates_stops_with_an_error(tmp_path):
+    cfg = load_config("sanity/tiny_cpu", [*QUIET, *SHORT, "task.name=testing/huge_reverse-v0", "algo.advantage=returns",
+                                          "algo.whiten_advantages=false", "trainer.ppo_epochs=1", "trainer.minibatches=1",
+                                          "trainer.grad_clip=1e30", "trainer.steps=10"])
+    with pytest.raises(TrainingDiverged, match="4 of 4 updates were skipped"):
+        train(cfg, tmp_path / "run")
+    assert [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()][-1] == 4
+
+
+def test_nonfinite_logprobs_are_counted_and_their_update_skipped(tmp_path, monkeypatch, capsys):
+    """A forward pass that diverges (NaN log-probs for one row) is counted, said once, and its update skipped."""
+    cfg = load_config("sanity/tiny_cpu", [*QUIET, *SHORT, "trainer.ppo_epochs=1", "trainer.minibatches=1",
+                                          "trainer.max_skipped_frac=1"])
+    trainer = Trainer(cfg, tmp_path / "run")
+    forward = type(trainer.policy).forward
+
+    def diverged(self, rows, **kwargs):
+        out = forward(self, rows, **kwargs)
+        if torch.is_grad_enabled():  # the update's forward, not sampling or re-scoring
+            out.logp[0, 0] = float("nan")
+        return out
+
+    monkeypatch.setattr(type(trainer.policy), "forward", diverged)
+    trainer.train()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()][1:]
+    assert all(r["train/nonfinite_logp"] == 1 for r in rows)
+    assert trainer.guard.skipped_updates == 3 and trainer.policy.version == 0
+    assert capsys.readouterr().err.count("non-finite token log-probs") == 1
 
 
 # -- update invariances --------------------------------------------------------------------------

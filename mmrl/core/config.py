@@ -93,6 +93,13 @@ class TrainerConfig:
     recompute_logp_old: bool = False
     """Re-compute π_old with the trainer's forward before the update (needed for truncated IS
     when a rollout engine such as vLLM samples); logs ``rollout/logp_diff``."""
+    max_skipped_frac: float = 0.5
+    """Stop with an error when more than this share of the optimizer updates so far were skipped
+    (a non-finite gradient: diverged log-probs, a NaN loss), checked from step 4 on; 1 never stops."""
+    threads: int | None = 1
+    """torch CPU math threads for the run (printed at the start). 1 suits tiny models on a shared
+    machine (torch's default, one per core, spins against other processes); null keeps torch's
+    default (or ``OMP_NUM_THREADS``)."""
 
 
 @dataclass(frozen=True)
@@ -210,6 +217,7 @@ FIELD_RANGES: dict[str, Range] = {
     "trainer.seed": AT_LEAST_0, "trainer.steps": AT_LEAST_1, "trainer.lr": POSITIVE,
     "trainer.weight_decay": AT_LEAST_0, "trainer.warmup_steps": AT_LEAST_0, "trainer.ppo_epochs": AT_LEAST_1,
     "trainer.minibatches": AT_LEAST_1, "trainer.micro_batch_size": AT_LEAST_1, "trainer.grad_clip": POSITIVE,
+    "trainer.max_skipped_frac": UNIT, "trainer.threads": AT_LEAST_1,
     "eval.every": AT_LEAST_0, "eval.num_examples": AT_LEAST_1, "eval.temperature": AT_LEAST_0,
     "eval.seed": AT_LEAST_0, "eval.pass_k": AT_LEAST_0, "eval.pass_temperature": POSITIVE,
     "eval.pass_threshold": Range(),

@@ -57,3 +57,12 @@ def select_output(reference: PolicyOutput | None, idx: Tensor) -> PolicyOutput |
     return PolicyOutput(logp=reference.logp[idx],
                         mean=None if reference.mean is None else reference.mean[idx],
                         std=None if reference.std is None else reference.std[idx])
+
+
+def reference_outputs(model: Policy, rollout: Rollout, size: int, autocast: Callable[[], AbstractContextManager],
+                      estimator: str, gaussian: bool) -> PolicyOutput:
+    """The reference policy ``model`` on the whole rollout: log-probs [N, T], with the Gaussian means / stds
+    of each decision when ``gaussian`` (closed-form KL estimators), on the CPU."""
+    if gaussian:
+        return gaussian_outputs(model, rollout, size, autocast, estimator)
+    return PolicyOutput(logp=forward_no_grad(model, rollout, size, autocast))

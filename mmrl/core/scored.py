@@ -8,6 +8,7 @@ row ``i`` always answers ``examples[example_index[i]]``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,3 +61,34 @@ class Scored:
         merged = Scored(rollout, [e for p in parts for e in p.examples], [r for p in parts for r in p.results],
                         torch.cat([p.outcome for p in parts]), torch.cat([p.rewards for p in parts]))
         return merged.select(rollout.example_index < num_groups)
+
+
+def finite_outcomes(outcome: Tensor, group_id: Tensor) -> tuple[Tensor, int]:
+    """``outcome`` [N] with each non-finite score replaced by the mean of its group's finite scores
+    (0 when it has none), and how many were replaced. A replaced row then carries no signal for a
+    group-relative estimator, and the rest of its group keeps training; a NaN reward never reaches
+    the loss."""
+    bad = ~torch.isfinite(outcome)
+    if not bad.any():
+        return outcome, 0
+    fixed = outcome.clone()
+    for group in group_id[bad].unique().tolist():
+        members = group_id == group
+        finite = outcome[members & ~bad]
+        fixed[members & bad] = finite.mean() if finite.numel() else 0.0
+    return fixed, int(bad.sum())
+
+
+def reward_stats(batch: Scored, engine: Any, shaped: bool) -> dict[str, float]:
+    """``reward/mean``, ``reward/std`` and each component ``reward/<name>`` over all processes' rows
+    (``reward/shaped_mean`` too when ``shaped``: rewards differ from the verifiable outcome)."""
+    n = len(batch.results)
+    total = engine.sum(n)
+    mean = engine.sum(batch.outcome.sum()) / total
+    stats = {"reward/mean": mean,
+             "reward/std": math.sqrt(max(engine.sum(((batch.outcome - mean) ** 2).sum()) / total, 0.0))}
+    for name in sorted(batch.results[0].components) if batch.results else []:
+        stats[f"reward/{name}"] = engine.sum(sum(r.components.get(name, 0.0) for r in batch.results)) / total
+    if shaped:
+        stats["reward/shaped_mean"] = engine.sum(batch.rewards.sum()) / total
+    return stats

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -19,23 +18,27 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mmrl.algos import (ADVANTAGE_ESTIMATORS, GAUSSIAN_KL_ESTIMATORS, POLICY_LOSSES, SHAPING_HOOKS, AdvantageInputs,
-                        ShapingContext, aggregate, kl_penalty, overlong_penalty, truncated_is_weights, value_loss)
-from mmrl.algos.hooks import (LOSS_HOOKS, ROLLOUT_HOOKS, HookContext, MicroBatch, Round, UpdateIndex, build_hooks,
+from mmrl.algos import (ADVANTAGE_ESTIMATORS, GAUSSIAN_KL_ESTIMATORS, SHAPING_HOOKS, AdvantageInputs,
+                        ShapingContext, overlong_penalty)
+from mmrl.algos.masked import count_nonfinite
+from mmrl.algos.hooks import (LOSS_HOOKS, ROLLOUT_HOOKS, HookContext, Round, UpdateIndex, build_hooks,
                               compose_draw, round_driver)
 from mmrl.algos.variants import algo_needs
 from mmrl.core import checkpoint as ckpt
 from mmrl.core import interrupt
 from mmrl.core.config import ConfigError, TrainConfig, dump_config
 from mmrl.core.contracts import Policy, PolicyOutput
-from mmrl.core.engine import Engine
+from mmrl.core.engine import Engine, set_threads
 from mmrl.core.evaluate import held_out_metrics, verify
+from mmrl.core.guards import NonFiniteGuard
 from mmrl.core.logging import RunLogger
+from mmrl.core.objective import MicroInputs, micro_loss
 from mmrl.core.registry import make_task
-from mmrl.core.rescoring import forward_no_grad, gaussian_outputs, select_output
+from mmrl.core.rescoring import forward_no_grad, reference_outputs, select_output
 from mmrl.core.rollout import Rollout, SamplingParams, derive_seed
 from mmrl.core.run_folder import prepare_out_dir, release_lock
-from mmrl.core.scored import Scored
+from mmrl.core.optim import build_optimizer
+from mmrl.core.scored import Scored, finite_outcomes, reward_stats
 from mmrl.core.warm_start import build_initial_policy, warm_start_examples
 
 
@@ -43,6 +46,7 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, out: str | Path, resume: bool = False, overwrite: bool = False):
         self.cfg, self.out = cfg, Path(out)
         self.engine = Engine(cfg.trainer.mixed_precision)
+        self.threads = set_threads(cfg.trainer.threads)  # before any torch work; logged as perf/threads
         if self.engine.is_main:
             prepare_out_dir(self.out, resume, overwrite)
         self.engine.wait()
@@ -56,22 +60,15 @@ class Trainer:
         if t.ref_model == "adapter_disabled":
             with policy.adapter_disabled():  # fails now, clearly, for a policy without adapters
                 pass
-        trainable = [p for p in policy.parameters() if p.requires_grad]  # LoRA: the adapters only
-        optimizer = torch.optim.AdamW(trainable, lr=t.lr, weight_decay=t.weight_decay)
-        updates = t.steps * t.ppo_epochs * t.minibatches
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: lr_factor(i, t.warmup_steps, updates,
-                                                                                       t.lr_schedule))
+        optimizer, self.scheduler = build_optimizer(policy, t)  # LoRA: the adapters only
         policy.zero_grad(set_to_none=True)
         self.model, self.optimizer = self.engine.prepare(policy, optimizer)
-        # The scheduler is not passed through accelerate (its wrapper steps once per process);
-        # it is checkpointed with the rest of the state instead.
-        self.scheduler = scheduler
-        self.engine.accelerator.register_for_checkpointing(scheduler)
+        self.engine.accelerator.register_for_checkpointing(self.scheduler)  # stepped by us, saved with the state
         self.policy: Policy = self.engine.unwrap(self.model)
         self.data_rng = np.random.default_rng(t.seed)
         self.eval_sets = [(split, self.task.sample_batch(split, cfg.eval.num_examples, np.random.default_rng(cfg.eval.seed)))
                           for split in (cfg.eval.split, *cfg.eval.extra_splits)]
-        self.step, self.skipped_updates = 0, 0
+        self.step, self.guard = 0, NonFiniteGuard(self.engine, t.max_skipped_frac)
         self.needs = algo_needs(cfg.algo)  # what the estimator / shaping hooks need beyond the core inputs
         ctx = HookContext(cfg, self.policy, self.model, self.task, self.engine, self.score,
                           lambda: warm_start_examples(self.task, cfg))
@@ -89,25 +86,24 @@ class Trainer:
     def train(self) -> None:
         cfg = self.cfg
         if self.step == 0:
-            self.logger.log({"step": 0, **self.evaluate()})
+            self.logger.log({"step": 0, "perf/threads": self.threads, **self.evaluate()})
         while self.step < cfg.trainer.steps:
             self.step += 1
             start = time.perf_counter()
             batch = self.collect()
             rollout_s = time.perf_counter() - start
             row = {"step": self.step, **batch.stats}
-            if self.engine.any(not torch.isfinite(batch.outcome).all()):
-                row["train/skipped_nonfinite_reward"] = 1  # a NaN reward: skip the step, keep going
-            else:
-                advantages, returns, reference = self.advantages(batch)
-                for _, hook in self.loss_hooks:
-                    hook.prepare(batch)
-                row |= self.update(batch.rollout, advantages, returns, reference)
+            advantages, returns, reference = self.advantages(batch)
+            for _, hook in self.loss_hooks:
+                hook.prepare(batch)
+            row |= self.update(batch.rollout, advantages, returns, reference) | self.guard.step_metrics(self.step)
             row |= {"perf/rollout_s": rollout_s, "perf/step_s": time.perf_counter() - start,
                     "perf/decisions_per_s": self.engine.sum(batch.rollout.mask.sum()) / max(rollout_s, 1e-9)}
             if self.step == cfg.trainer.steps or (cfg.eval.every and self.step % cfg.eval.every == 0):
                 row |= self.evaluate()
             self.logger.log(row)
+            self.guard.check(self.step, self.step * cfg.trainer.ppo_epochs * cfg.trainer.minibatches,
+                             self.out / "metrics.jsonl")
             stop = self.engine.any(interrupt.requested())  # SIGINT / SIGTERM: checkpoint, then stop
             if stop or self.step == cfg.trainer.steps or (cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0):
                 self.save_checkpoint()
@@ -122,10 +118,11 @@ class Trainer:
     def collect(self) -> Scored:
         eng, hooks = self.engine, [hook for _, hook in self.rollout_hooks]
         self.drawn, self.sampler_stats = 0, {}
+        self.guard.new_step()
         batch = round_driver(self.rollout_hooks).rounds(self.collect_round)
         for hook in hooks:
             batch = hook.finish(batch)
-        batch.stats = self.reward_stats(batch)
+        batch.stats = reward_stats(batch, eng, self.cfg.algo.overlong_max_len is not None)
         for hook in hooks:
             batch.stats |= hook.metrics()
         batch.stats |= {key: eng.mean(value) for key, value in self.sampler_stats.items()}
@@ -155,24 +152,14 @@ class Trainer:
 
     def score(self, rollout: Rollout, examples: list[Any]) -> Scored:
         results = verify(self.task, self.cfg.task.name, rollout, examples)
-        outcome = torch.tensor([r.score for r in results], dtype=torch.float32)
+        outcome, bad = finite_outcomes(torch.tensor([r.score for r in results], dtype=torch.float32),
+                                       rollout.group_id)
+        self.guard.add("train/nonfinite_rewards", bad)
         rewards, a = outcome.clone(), self.cfg.algo
         if a.overlong_max_len is not None:
             rewards = rewards + overlong_penalty(rollout.lengths, a.overlong_max_len, a.overlong_buffer,
                                                  a.overlong_factor)
         return Scored(rollout, examples, results, outcome, rewards)
-
-    def reward_stats(self, batch: Scored) -> dict[str, float]:
-        eng, n = self.engine, len(batch.results)
-        total = eng.sum(n)
-        mean = eng.sum(batch.outcome.sum()) / total
-        stats = {"reward/mean": mean,
-                 "reward/std": math.sqrt(max(eng.sum(((batch.outcome - mean) ** 2).sum()) / total, 0.0))}
-        for name in sorted(batch.results[0].components) if batch.results else []:
-            stats[f"reward/{name}"] = eng.sum(sum(r.components.get(name, 0.0) for r in batch.results)) / total
-        if self.cfg.algo.overlong_max_len is not None:
-            stats["reward/shaped_mean"] = eng.sum(batch.rewards.sum()) / total
-        return stats
 
     # -- advantages: estimator, then shaping hooks; the reference policy's outputs when one is kept -----------
     def advantages(self, batch: Scored) -> tuple[Tensor, Tensor | None, PolicyOutput | None]:
@@ -192,17 +179,14 @@ class Trainer:
         return advantages, returns, reference
 
     def reference_outputs(self, rollout: Rollout) -> PolicyOutput | None:
-        """The reference policy on the whole rollout, once per step: log-probs [N, T] (and Gaussian means /
-        stds for closed-form KL estimators), on the CPU, sliced per micro-batch by :meth:`update`."""
+        """The reference policy on the whole rollout, once per step (on the CPU, sliced per micro-batch)."""
         mode, estimator = self.cfg.trainer.ref_model, self.cfg.algo.kl_estimator
         if mode == "none":
             return None
-        model = self.ref if mode == "copy" else self.policy
         with self.policy.adapter_disabled() if mode == "adapter_disabled" else contextlib.nullcontext():
-            if estimator in GAUSSIAN_KL_ESTIMATORS:
-                return gaussian_outputs(model, rollout, self.cfg.trainer.micro_batch_size, self.engine.autocast,
-                                        estimator)
-            return PolicyOutput(logp=self.no_grad_forward(model, rollout))
+            return reference_outputs(self.ref if mode == "copy" else self.policy, rollout,
+                                     self.cfg.trainer.micro_batch_size, self.engine.autocast, estimator,
+                                     estimator in GAUSSIAN_KL_ESTIMATORS)
 
     def no_grad_forward(self, model: Policy, rollout: Rollout, entropy: bool = False) -> Tensor:
         return forward_no_grad(model, rollout, self.cfg.trainer.micro_batch_size, self.engine.autocast, entropy)
@@ -244,9 +228,9 @@ class Trainer:
                 micro = rows.split(cfg.trainer.micro_batch_size)
                 for i, idx in enumerate(micro):
                     with eng.no_sync(self.model, skip_sync=i < len(micro) - 1):
-                        loss, terms = self.micro_loss(index, rollout.select(idx), idx, logp_old[idx], advantages[idx],
-                                                      None if returns is None else returns[idx],
-                                                      select_output(reference, idx), denominators)
+                        loss, terms = self.micro_loss(MicroInputs(
+                            index, rollout.select(idx), idx, logp_old[idx], advantages[idx],
+                            None if returns is None else returns[idx], select_output(reference, idx), denominators))
                         eng.backward(loss * eng.world_size)  # DDP averages gradients over processes; the loss is a global sum
                     tokens = float(rollout.mask[idx].sum())
                     tokens_seen += tokens
@@ -262,68 +246,20 @@ class Trainer:
             metrics["policy/kl_ref"] = None
         for _, hook in self.loss_hooks:
             metrics |= hook.metrics()
-        return metrics | extra | {"train/lr": self.scheduler.get_last_lr()[0],
-                                  "train/skipped_updates": self.skipped_updates, "policy/version": self.policy.version}
+        return metrics | extra | {"train/lr": self.scheduler.get_last_lr()[0], "policy/version": self.policy.version}
 
-    def micro_loss(self, index: UpdateIndex, rows: Rollout, idx: Tensor, logp_old: Tensor, adv: Tensor,
-                   returns: Tensor | None, reference: PolicyOutput | None,
-                   denominators: dict) -> tuple[Tensor, dict[str, float]]:
-        """The loss of one micro-batch: objective, KL to the reference, loss hooks' terms, entropy, value."""
-        a, device = self.cfg.algo, self.engine.device
-        mask, logp_old, adv = rows.mask.to(device), logp_old.to(device), adv.to(device)
+    def micro_loss(self, m: MicroInputs) -> tuple[Tensor, dict[str, float]]:
+        """The policy's forward pass on one micro-batch, then its loss (:func:`mmrl.core.objective.micro_loss`)."""
         with self.engine.autocast():
-            out = self.model(rows, with_entropy=True)
-        logp = out.logp.float()
-        pg, metrics = POLICY_LOSSES.get(a.policy_loss)(logp, logp_old, adv, mask, a)
-        if a.tis_cap is not None:
-            pg = pg * truncated_is_weights(logp_old, rows.logp.to(device), a.tis_cap)
-        total = loss_pg = aggregate(pg, mask, a.loss_agg, **denominators)
-        terms: dict[str, float] = {"loss/policy": loss_pg.item()}
-        kl_ref = None
-        if reference is not None:
-            if a.kl_estimator in GAUSSIAN_KL_ESTIMATORS:  # closed form from the decisions' means (Flow-GRPO)
-                ref = PolicyOutput(logp=reference.logp.to(device), mean=reference.mean.to(device),
-                                   std=reference.std.to(device))
-                kl = GAUSSIAN_KL_ESTIMATORS.get(a.kl_estimator)(out, ref)
-            else:
-                kl = kl_penalty(logp, reference.logp.to(device), a.kl_estimator)
-            loss_kl = aggregate(kl, mask, a.loss_agg, **denominators)
-            total = total + a.kl_coef * loss_kl
-            kl_ref = float((kl.detach() * mask).sum() / mask.sum().clamp(min=1))
-            terms |= {"loss/kl": loss_kl.item(), "policy/kl_ref": kl_ref}
-        micro = MicroBatch(index, idx, logp, logp_old, adv, mask, denominators, kl_ref)
-        for _, hook in self.loss_hooks:
-            term, hook_terms = hook.micro_term(micro)
-            if term is not None:
-                total = total + term
-            terms |= hook_terms
-        if out.entropy is not None:
-            loss_ent = aggregate(out.entropy.float(), mask, a.loss_agg, **denominators)
-            if a.entropy_coef:
-                total = total - a.entropy_coef * loss_ent
-            terms |= {"loss/entropy": loss_ent.item(),
-                      "policy/entropy": float((out.entropy.detach() * mask).sum() / mask.sum().clamp(min=1))}
-        if out.values is not None and returns is not None and rows.values is not None:
-            vl, v_metrics = value_loss(out.values.float(), rows.values.to(device), returns.to(device), mask,
-                                       a.value_clip, a.value_huber_delta)
-            loss_v = aggregate(vl, mask, a.loss_agg, **denominators)
-            total = total + a.value_coef * loss_v
-            terms |= {"loss/value": loss_v.item(), **{k: float(v) for k, v in v_metrics.items()}}
-        terms |= {k: float(v) for k, v in metrics.items()}
-        terms["loss/total"] = total.item()
-        return total, terms
+            out = self.model(m.rows, with_entropy=True)
+        loss, terms = micro_loss(out, m, self.cfg.algo, [hook for _, hook in self.loss_hooks], self.engine.device)
+        self.guard.check_loss(count_nonfinite(out.logp.detach().float(), m.rows.mask), terms["loss/total"])
+        return loss, terms
 
     def optimizer_step(self) -> float:
-        """Clip, then step, unless the gradient is not finite: then skip and count it."""
-        norm = self.engine.clip_grad_norm(self.model.parameters(), self.cfg.trainer.grad_clip)
-        if norm is None or math.isfinite(norm):  # None: the backend guards the step itself
-            self.optimizer.step()
-            self.scheduler.step()
-            self.policy.version += 1
-        else:
-            self.skipped_updates += 1
-        self.optimizer.zero_grad(set_to_none=True)
-        return norm if norm is not None and math.isfinite(norm) else float("nan")
+        norm, stepped = self.guard.optimizer_step(self.model, self.optimizer, self.scheduler, self.cfg.trainer.grad_clip)
+        self.policy.version += stepped
+        return norm
 
     # -- evaluation and checkpoints ------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
@@ -337,30 +273,18 @@ class Trainer:
         return metrics
 
     def save_checkpoint(self) -> None:
-        state = {"step": self.step, "policy_version": self.policy.version, "skipped_updates": self.skipped_updates,
+        state = {"step": self.step, "policy_version": self.policy.version, "skipped_updates": self.guard.skipped_updates,
                  "data_rng": self.data_rng.bit_generator.state, "config_fingerprint": ckpt.config_fingerprint(self.cfg),
                  "hooks": {name: hook.state_dict() for name, hook in self.rollout_hooks}}
         ckpt.save(self.engine, self.policy, self.out, self.step, state, self.cfg.checkpoint.keep_last)
 
     def load_checkpoint(self) -> None:
         state = ckpt.load(self.engine, self.out, self.cfg)
-        self.step, self.skipped_updates = state["step"], state["skipped_updates"]
+        self.step, self.guard.skipped_updates = state["step"], state["skipped_updates"]
         self.policy.version = state["policy_version"]
         self.data_rng.bit_generator.state = state["data_rng"]
         for name, hook in self.rollout_hooks:
             hook.load_state_dict(state["hooks"][name])
-
-
-def lr_factor(update: int, warmup: int, total: int, schedule: str) -> float:
-    """Multiplier of the base learning rate at optimizer step ``update``."""
-    if update < warmup:
-        return (update + 1) / warmup
-    progress = (update - warmup) / max(total - warmup, 1)
-    if schedule == "linear":
-        return max(0.0, 1.0 - progress)
-    if schedule == "cosine":
-        return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
-    return 1.0
 
 
 def train(cfg: TrainConfig, out: str | Path, resume: bool = False, overwrite: bool = False) -> Path:

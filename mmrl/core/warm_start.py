@@ -81,10 +81,12 @@ def export_warm_start(cfg: TrainConfig, out: str | Path, overwrite: bool = False
     The folder can then seed RL with ``policy.args.pretrained=<out>`` (policies that load one).
     """
     from mmrl.core.config import ConfigError, dump_config
+    from mmrl.core.engine import set_threads
     from mmrl.core.run_folder import mark_written, prepare_atomic_out
 
     if cfg.warm_start.sft_steps < 1:
         raise ConfigError("warm_start.sft_steps must be >= 1 to run a supervised warm start")
+    set_threads(cfg.trainer.threads)
     out = Path(out)
     prepare_atomic_out(out, overwrite, "mmrl sft")
     policy = make_policy(cfg.policy.name, cfg.policy.args)

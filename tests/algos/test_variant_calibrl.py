@@ -162,7 +162,7 @@ def test_trainer_keeps_expert_rows_out_of_the_group_and_feeds_their_old_log_prob
     metrics = trainer.update(batch.rollout, adv, returns, reference)  # the hook prepared above
     assert math.isfinite(metrics["loss/calibrl"]) and metrics["loss/calibrl"] != 0.0
     assert math.isfinite(metrics["loss/total"]) and 0 <= metrics["policy/calibrl_pass_rate"] <= 1
-    assert trainer.skipped_updates == 0
+    assert trainer.guard.skipped_updates == 0
 
 
 def rows_of(out):

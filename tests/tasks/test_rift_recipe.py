@@ -50,9 +50,9 @@ def test_full_recipe_cuts_closed_loop_collisions_and_keeps_progress(tmp_path, mo
     often than its imitation start and keeps (at least 95% of) its progress; the greedy 4-s return on
     the 512 held-out states rises.
 
-    Measured (docs/results.md, issue 28): the return goes from 19.38 to 22.51-22.82 with trainer.seed 0-2 at
-    one thread, and to 20.43 with seed 0 at two threads. It swings by several points between steps, so
-    the margin is +0.5, not the +3 one build shows. Closed-loop collisions go from 0.04 to 0.00-0.01."""
+    Measured (docs/results.md, issue 28): the return goes from 19.38 to 21.2-23.0 with trainer.seed 0-2 at
+    one thread; it swings by several points between steps, so the margin is +0.5. Closed-loop collisions go
+    from 0.04 to 0.00 for seed 0 (0.00-0.04 over seeds 0-2)."""
     from mmrl.tasks.driving.rift import closed_loop_metrics
     from mmrl.tasks.driving.rift_eval import load_policies
 

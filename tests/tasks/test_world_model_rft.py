@@ -18,6 +18,7 @@ from mmrl.envs.world_model.data import collect
 from mmrl.envs.world_model.model import POOL_FILE, LatentWorldModel, WorldModelConfig
 from mmrl.envs.world_model.training import reference_pool
 from mmrl.policies.vla import VLAConfig, VLAPolicy
+from mmrl.core.objective import MicroInputs
 from mmrl.core.registry import make_task
 from mmrl.core.rollout import SamplingParams
 from mmrl.samplers.gym_runner import EpisodeSummary
@@ -134,8 +135,8 @@ def test_drift_gated_bc_term_is_off_at_the_reference_and_on_after_drift(checkpoi
 
     def terms():
         rows = torch.arange(rollout.num_rows)
-        loss, metrics = trainer.micro_loss(UpdateIndex(trainer.step, 0, 0), rollout, rows, rollout.logp, adv, None,
-                                           reference, denominators)
+        loss, metrics = trainer.micro_loss(MicroInputs(UpdateIndex(trainer.step, 0, 0), rollout, rows, rollout.logp,
+                                                       adv, None, reference, denominators))
         return metrics | {"loss/total_tensor": loss}
 
     at_reference = terms()

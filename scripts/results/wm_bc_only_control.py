@@ -2,7 +2,7 @@
 with every advantage zeroed and the BC gate held at 1, so the only update is behaviour cloning on the
 warm start's own demonstrations, with the run's optimizer, lr, batch, steps and real-simulator evals.
 
-    python scripts/wm_bc_only_control.py runs/world_model/bc_only_gate_open_s0 \\
+    python scripts/results/wm_bc_only_control.py runs/world_model/bc_only_gate_open_s0 \\
         task.args.world_model=runs/wm/reach_demos_cov trainer.lr=1e-3 trainer.steps=40 \\
         checkpoint.every=40 algo.bc_coef=0.1 trainer.ref_model=copy
 

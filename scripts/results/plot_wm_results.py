@@ -2,7 +2,7 @@
 consumed, for the BC warm start, RL in MuJoCo and RFT inside the learned world model; writes
 docs/img/wm_rft_real_steps.png and prints the table behind it.
 
-    python scripts/plot_wm_results.py --bc-steps 13275 --world-model runs/wm/reach_demos \\
+    python scripts/results/plot_wm_results.py --bc-steps 13275 --world-model runs/wm/reach_demos \\
         --mujoco runs/world_model/mujoco_grpo_seed0 --rft runs/world_model/rft_seed0 \\
         runs/world_model/rft_cov_seed0:runs/wm/reach_demos_cov
 

@@ -7,7 +7,7 @@ the env's reward −mean_t (MAE + 1 − SSIM) against the expert's imagined roll
 mean within-group Spearman correlation of that reward with the real return (Φ_T − Φ_0) and with
 real success, i.e. how often GRPO's group-relative advantage points the right way.
 
-    python scripts/wm_reward_alignment.py --world-model runs/wm/reach --policy $MMRL_CACHE/warm_start/<key>
+    python scripts/results/wm_reward_alignment.py --world-model runs/wm/reach --policy $MMRL_CACHE/warm_start/<key>
 """
 
 from __future__ import annotations

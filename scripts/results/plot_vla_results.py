@@ -1,7 +1,7 @@
 """Bar chart of greedy success per evaluation split for VLA runs (BC = step 0 of the first run), and
 held-out success curves; writes docs/img/vla_<name>.png.
 
-    python scripts/plot_vla_results.py --name reach --runs runs/vla_reach_ppo runs/vla_reach_grpo
+    python scripts/results/plot_vla_results.py --name reach --runs runs/vla_reach_ppo runs/vla_reach_grpo
 """
 
 from __future__ import annotations
