@@ -55,4 +55,7 @@ def json_f1(completion: object, answer: object, *, beta: float = 1.0) -> float:
     predicted, _reason = parse_prediction(region.text)
     if predicted is None:
         return 0.0
-    return float(field_scores(predicted, truth, beta)["f1"])
+    try:
+        return float(field_scores(predicted, truth, beta)["f1"])
+    except ValueError:  # a reference integer too long for str() (> 4,300 digits)
+        return 0.0

@@ -49,7 +49,7 @@ REFERENCES = {
     "json_f1": [{"name": "Ada", "age": 36}, '{"a": 1, "b": {"c": 2}}', {"k": [1, 2]}],
     "format": [None],
 }
-MALFORMED = [None, float("nan"), float("inf"), 10 ** 5000, "", "9" * 5000, [], {}, [[[]]], {"a": {"b": None}},
+MALFORMED = [None, float("nan"), float("inf"), 10 ** 5000, {"a": 10 ** 5000}, "", "9" * 5000, [], {}, [[[]]], {"a": {"b": None}},
              "[nan, 0, 1, 1]", b"bytes", object(), True, -1, ["x"] * 100, "{" * 1000, "\\boxed{" * 100]
 CHOICES = [None, ["Rome", "Paris", "Berlin"], {"A": "red", "B": "dark red"}, ["1", "10", "100"], [None, 3], "AB"]
 TEXT_VERIFIERS = ["math", "number", "choice", "exact", "iou", "json_f1", "format"]
