@@ -23,7 +23,7 @@ from typing import Any, Literal
 import torch
 
 from mmrl.verifiers.base import register_verifier
-from mmrl.verifiers.text import MAX_CHARS
+from mmrl.verifiers.text import MAX_CHARS, scalar_text
 
 JUDGE_TEMPLATE = ("Question:\n{question}\n\nReference answer:\n{reference}\n\nResponse:\n{response}\n\n"
                   "Is the response correct? Answer yes or no.")
@@ -82,6 +82,19 @@ def as_text(value: object) -> str:
     return value[-MAX_CHARS:] if isinstance(value, str) else ""
 
 
+def reference_text(answer: object) -> str:
+    """The judge's reference text: strings and numbers as text, other values as their ``repr``, None as ""."""
+    if answer is None:
+        return ""
+    text = scalar_text(answer)
+    if text is None:
+        try:
+            text = repr(answer)
+        except ValueError:  # an integer too long to print, inside a container
+            text = ""
+    return text[:MAX_CHARS]
+
+
 def check_batching(batch_size: int, max_length: int) -> None:
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -107,7 +120,8 @@ def classifier(*, model: str, label: int | str | None = None, batch_size: int = 
         if chat:
             texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}, {"role": "assistant", "content": c}],
                                                    tokenize=False) for p, c in zip(prompts, completions)]
-            return tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+            return tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt",
+                             add_special_tokens=False)  # the chat template wrote them
         return tokenizer(prompts, completions, padding=True, truncation="longest_first", max_length=max_length,
                          return_tensors="pt")
 
@@ -187,22 +201,22 @@ def judge(*, model: str, judge_template: str = JUDGE_TEMPLATE, batch_size: int =
                                              add_generation_prompt=True)
 
     def score(prompts: list[Any], completions: list[Any], answers: list[Any]) -> list[float]:
-        texts = [prompt_text(as_text(p), as_text(a) if isinstance(a, str) else "" if a is None else str(a)[:MAX_CHARS],
-                             as_text(c)) for p, a, c in zip(prompts, answers, completions)]
+        texts = [prompt_text(as_text(p), reference_text(a), as_text(c)) for p, a, c in zip(prompts, answers, completions)]
         out: list[float] = []
         for start in range(0, len(texts), batch_size):
-            out += yes_probability(net, tokenizer, texts[start:start + batch_size], yes, no, max_length)
+            out += yes_probability(net, tokenizer, texts[start:start + batch_size], yes, no, max_length,
+                                   add_special_tokens=not chat)  # a chat template writes its own
         return out
 
     return score
 
 
 def yes_probability(net: Any, tokenizer: Any, texts: list[str], yes: list[int], no: list[int],
-                    max_length: int) -> list[float]:
+                    max_length: int, add_special_tokens: bool) -> list[float]:
     """P(yes) / (P(yes) + P(no)) at the next token of each text (left-padded, left-truncated batch)."""
     tokenizer.padding_side, tokenizer.truncation_side = "left", "left"  # keep the question's end
     batch = tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt",
-                      add_special_tokens=False)
+                      add_special_tokens=add_special_tokens)
     ids, mask = batch["input_ids"].to(net.device), batch["attention_mask"].to(net.device)  # [B, L]
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [B, L]: left padding must not shift positions
     with torch.no_grad():
