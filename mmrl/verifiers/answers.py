@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import numbers
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 from mmrl.verifiers.base import register_verifier
 from mmrl.verifiers.text import answer_region, final_line, normalise, scalar_text
@@ -53,7 +53,8 @@ LIST_LETTER = re.compile(r"(?<![A-Za-z])[A-Za-z](?![A-Za-z])")
 # quadratically over a long run of spaces.
 CUE_LETTERS = (
     re.compile(r"(?<![A-Za-z])\(([A-Z])\)"),  # (B)
-    re.compile(r"(?i:\b(?:answer|option|choice)\b)(?:\s*+(?i:is)\b)?(?:\s*+[:=])?\s*+\(?([A-Z])(?![A-Za-z])"),  # answer: B
+    # answer: B / the answer is (B) / option B
+    re.compile(r"(?i:\b(?:answer|option|choice)\b)(?:\s*+(?i:is)\b)?(?:\s*+[:=])?\s*+\(?([A-Z])(?![A-Za-z])"),
     re.compile(r"(?i:\bis)\s++\(?([A-Z])\)?[.!]?\s*+$"),  # it is B
     re.compile(r"^\(?([A-Z])[.):]\s"),  # B. Paris / B) Paris
 )
@@ -130,8 +131,10 @@ def choice(completion: object, answer: object, *, choices: tuple[str, ...] | Non
     lets the completion answer with the text. Stating several letters ("A or B") is a hedge: 0. Without
     a marked answer only the last line is read.
 
-    >>> choice("<answer>(B)</answer>", "B"), choice("The answer is B.", 1), choice("Paris", "B", choices=["Rome", "Paris"])
-    (1.0, 1.0, 1.0)
+    >>> choice("<answer>(B)</answer>", "B"), choice("The answer is B.", 1)
+    (1.0, 1.0)
+    >>> choice("Paris", "B", choices=["Rome", "Paris"])
+    1.0
     >>> choice("<answer>A or B</answer>", "B"), choice("<answer>C</answer>", "B")
     (0.0, 0.0)
     """

@@ -15,11 +15,11 @@ scores 0 there and ``RewardBatch.errors[row]`` says why (``strict=True`` raises 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import math
 import numbers
 import typing
-import inspect
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -372,9 +372,10 @@ def check_options(verifier: Verifier, options: dict[str, Any], key: str) -> dict
     """
     params = [p for p in inspect.signature(verifier.fn).parameters.values() if p.kind == p.KEYWORD_ONLY]
     hints = typing.get_type_hints(verifier.fn)
-    fields = [(p.name, hints.get(p.name, Any)) if p.default is p.empty
-              else (p.name, hints.get(p.name, Any), dataclasses.field(default=p.default)) for p in params]
-    fields.sort(key=len)  # fields without defaults first, as dataclasses require
+    required = [(p.name, hints.get(p.name, Any)) for p in params if p.default is p.empty]
+    optional = [(p.name, hints.get(p.name, Any), dataclasses.field(default=p.default))
+                for p in params if p.default is not p.empty]
+    fields = required + optional  # a dataclass lists fields without defaults first
     options_type = dataclasses.make_dataclass(f"{key}_options", fields, frozen=True)
     try:
         checked = build(options_type, options, f"reward.{key}")

@@ -144,8 +144,10 @@ def iou(completion: object, answer: object, *, threshold: float | None = None) -
     """Matched IoU of the answer's boxes with the reference boxes, in [0, 1] (see the module docstring);
     with ``threshold`` each matched box scores 1 when its IoU ≥ threshold, else 0 (a detection rate).
 
-    >>> iou("<answer>[0, 0, 2, 2]</answer>", [1, 1, 3, 3]), iou('[{"bbox_2d": [0, 0, 2, 2], "label": "cat"}]', [0, 0, 2, 2])
-    (0.14285714285714285, 1.0)
+    >>> iou("<answer>[0, 0, 2, 2]</answer>", [1, 1, 3, 3])
+    0.14285714285714285
+    >>> iou('[{"bbox_2d": [0, 0, 2, 2], "label": "cat"}]', [0, 0, 2, 2])
+    1.0
     >>> iou("<answer>[0,0,2,2], [5,5,6,6]</answer>", [[0, 0, 2, 2]])  # an extra box halves the score
     0.5
     """

@@ -66,8 +66,10 @@ def reference_latex(answer: object) -> str | None:
     r"""The reference as ``math_verify`` input: a string or a real number; a full solution is reduced to its
     last ``\boxed{}`` (or ``<answer>`` block) like a completion; None for anything else.
 
-    >>> reference_latex(3), reference_latex("x = 3"), reference_latex("so $y=2$, hence \\boxed{4}."), reference_latex([3])
-    ('$3$', '$x = 3$', '$4$', None)
+    >>> reference_latex(3), reference_latex("x = 3"), reference_latex([3])
+    ('$3$', '$x = 3$', None)
+    >>> reference_latex("so $y=2$, hence \\boxed{4}.")
+    '$4$'
     """
     text = scalar_text(answer)
     region = answer_region(text) if text is not None else None

@@ -119,7 +119,8 @@ def classifier(*, model: str, label: int | str | None = None, batch_size: int = 
     def encode(prompts: list[str], completions: list[str]) -> dict[str, torch.Tensor]:
         if chat:
             texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}, {"role": "assistant", "content": c}],
-                                                   tokenize=False) for p, c in zip(prompts, completions)]
+                                                   tokenize=False)
+                     for p, c in zip(prompts, completions)]
             return tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt",
                              add_special_tokens=False)  # the chat template wrote them
         return tokenizer(prompts, completions, padding=True, truncation="longest_first", max_length=max_length,
@@ -201,7 +202,8 @@ def judge(*, model: str, judge_template: str = JUDGE_TEMPLATE, batch_size: int =
                                              add_generation_prompt=True)
 
     def score(prompts: list[Any], completions: list[Any], answers: list[Any]) -> list[float]:
-        texts = [prompt_text(as_text(p), reference_text(a), as_text(c)) for p, a, c in zip(prompts, answers, completions)]
+        texts = [prompt_text(as_text(p), reference_text(a), as_text(c))
+                 for p, a, c in zip(prompts, answers, completions)]
         out: list[float] = []
         for start in range(0, len(texts), batch_size):
             out += yes_probability(net, tokenizer, texts[start:start + batch_size], yes, no, max_length,

@@ -7,7 +7,6 @@ import math
 import textwrap
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from mmrl.verifiers import VERIFIERS, RewardBatch, RewardError, RewardSpecError, build_reward, register_verifier

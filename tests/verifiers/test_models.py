@@ -1,70 +1,20 @@
-"""Model-based rewards on tiny models built here (random weights, word-level tokenizers): deterministic,
+"""Model-based rewards on tiny models (conftest.py: random weights, word-level tokenizers): deterministic,
 batched == one row at a time, sensitive to their inputs, equal to the formula computed by hand."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers, processors
-from transformers import BertConfig, BertForSequenceClassification, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from mmrl.verifiers import RewardSpecError, build_reward
 from mmrl.verifiers.models import JUDGE_TEMPLATE, load_model
 
-WORDS = ("what is two plus two ? the answer four five is : yes no Yes No question reference response correct "
-         "Is Answer or . , \n user assistant").split(" ")
 PROMPTS = ["what is two plus two ?", "what is two plus two ?", "the answer ?", "two"]
 COMPLETIONS = ["four", "the answer is five , five , five", "yes", "four four four four four four"]
 ANSWERS = ["four", "four", "no", "two"]
-CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} . {% endfor %}"
-                 "{% if add_generation_prompt %}assistant : {% endif %}")
-
-
-def word_tokenizer(special: dict[str, str]) -> PreTrainedTokenizerFast:
-    vocab = {token: i for i, token in enumerate([*special.values(), *dict.fromkeys(WORDS)])}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token=special["unk_token"]))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    if "cls_token" in special:
-        tok.post_processor = processors.TemplateProcessing(
-            single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-            special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, **special)
-
-
-@pytest.fixture(scope="module")
-def classifier_dirs(tmp_path_factory):
-    """Two tiny BERT classifiers: one logit, and two labels named bad / good."""
-    tokenizer = word_tokenizer({"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]"})
-    folders = {}
-    for name, labels in (("single", {0: "LABEL_0"}), ("pair", {0: "bad", 1: "good"})):
-        torch.manual_seed(0)
-        config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                            intermediate_size=64, max_position_embeddings=128, num_labels=len(labels),
-                            id2label=labels, label2id={v: k for k, v in labels.items()}, pad_token_id=0)
-        folder = tmp_path_factory.mktemp(f"classifier_{name}")
-        BertForSequenceClassification(config).save_pretrained(folder)
-        tokenizer.save_pretrained(folder)
-        folders[name] = str(folder)
-    return folders
-
-
-@pytest.fixture(scope="module")
-def judge_dirs(tmp_path_factory):
-    """A tiny Qwen2 causal LM, saved twice: with a chat template and without."""
-    tokenizer = word_tokenizer({"pad_token": "<pad>", "eos_token": "<eos>", "unk_token": "<unk>"})
-    torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         tie_word_embeddings=True, pad_token_id=0, eos_token_id=1)
-    model = Qwen2ForCausalLM(config)
-    folders = {}
-    for name, template in (("plain", None), ("chat", CHAT_TEMPLATE)):
-        folder = tmp_path_factory.mktemp(f"judge_{name}")
-        model.save_pretrained(folder)
-        tokenizer.chat_template = template
-        tokenizer.save_pretrained(folder)
-        folders[name] = str(folder)
-    return folders
 
 
 def run(spec: dict) -> list[float]:
@@ -85,7 +35,7 @@ def test_classifier_single_logit(classifier_dirs):
 
 
 def test_classifier_matches_the_formula(classifier_dirs):
-    model, tokenizer = load_model("classifier", __import__("pathlib").Path(classifier_dirs["pair"]).resolve(),
+    model, tokenizer = load_model("classifier", Path(classifier_dirs["pair"]).resolve(),
                                   torch.device("cpu"), "float32")
     batch = tokenizer(PROMPTS[:1], COMPLETIONS[:1], return_tensors="pt")
     with torch.no_grad():
@@ -129,7 +79,7 @@ def test_judge_reads_the_reference_and_matches_the_formula(judge_dirs):
     with_four = reward(PROMPTS[:1], COMPLETIONS[:1], {"answer": ["four"]}).scores
     with_five = reward(PROMPTS[:1], COMPLETIONS[:1], {"answer": ["five"]}).scores
     assert with_four != with_five
-    model, tokenizer = load_model("judge", __import__("pathlib").Path(judge_dirs["plain"]).resolve(),
+    model, tokenizer = load_model("judge", Path(judge_dirs["plain"]).resolve(),
                                   torch.device("cpu"), "float32")
     ids = tokenizer(f"{PROMPTS[0]} four {COMPLETIONS[0]} ?", return_tensors="pt", add_special_tokens=False)
     with torch.no_grad():
@@ -139,16 +89,14 @@ def test_judge_reads_the_reference_and_matches_the_formula(judge_dirs):
     assert with_four == pytest.approx([expected], abs=1e-6)
 
 
-def test_judge_spec_errors(judge_dirs, tmp_path):
+def test_judge_spec_errors(judge_dirs, tmp_path, word_tokenizer_factory):
     with pytest.raises(RewardSpecError, match=r"judge_template must contain \{response\}"):
         build_reward({"judge": {"model": judge_dirs["plain"], "judge_template": "Is {question} right?"}})
-    tokenizer = word_tokenizer({"pad_token": "<pad>", "eos_token": "<eos>", "unk_token": "<unk>"})
-    vocab = {t: i for t, i in tokenizer.get_vocab().items() if t.lower() not in ("yes", "no")}
-    tok = Tokenizer(models.WordLevel(dict(zip(sorted(vocab, key=vocab.get), range(len(vocab)))), unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    Qwen2ForCausalLM(Qwen2Config(vocab_size=len(vocab), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+    tokenizer = word_tokenizer_factory({"pad_token": "<pad>", "eos_token": "<eos>", "unk_token": "<unk>"},
+                                       drop=("yes", "Yes"))
+    Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                  num_attention_heads=2, num_key_value_heads=1)).save_pretrained(tmp_path)
-    PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>").save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
     with pytest.raises(RewardSpecError, match=r"no single-token spelling of yes"):
         build_reward({"judge": {"model": str(tmp_path)}})
 
