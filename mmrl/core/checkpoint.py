@@ -24,7 +24,8 @@ STATE_FILE = "trainer_state.json"
 # Fields that may change between a run and its resumption without changing the trajectory.
 # (trainer.steps too, but only under a constant learning rate: a decaying schedule spans the run.)
 RESUMABLE_CHANGES = {("eval", "every"), ("checkpoint", "every"), ("checkpoint", "keep_last"),
-                     ("log", "tensorboard"), ("log", "progress")}
+                     ("log", "tensorboard"), ("log", "progress"), ("log", "num_samples"), ("log", "wandb"),
+                     ("log", "trackio")}
 
 
 def resumable_changes(cfg: TrainConfig) -> set[tuple[str, str]]:
