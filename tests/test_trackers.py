@@ -180,3 +180,16 @@ def test_long_prompts_and_completions_keep_their_start_and_end():
     assert short.startswith("question: ") and short.endswith(" answer: 42")
     assert f"[…{len(text) - run_logging.COMPLETION_CHARS} characters…]" in short
     assert len(short) < run_logging.COMPLETION_CHARS + 40
+
+
+def test_resume_moves_samples_after_the_checkpoint_aside(tmp_path):
+    """A resumed run re-evaluates the steps after its checkpoint: their samples move to
+    samples.discarded.jsonl with the metric rows, so samples.jsonl holds each evaluation once."""
+    from mmrl.core.logging import truncate_metrics
+
+    for name in ("metrics.jsonl", "samples.jsonl"):
+        (tmp_path / name).write_text("".join(json.dumps({"step": step}) + "\n" for step in (0, 2, 4, 4)))
+    assert truncate_metrics(tmp_path, 2) == 2
+    for name in ("metrics", "samples"):
+        assert [json.loads(x)["step"] for x in (tmp_path / f"{name}.jsonl").read_text().splitlines()] == [0, 2]
+        assert [json.loads(x)["step"] for x in (tmp_path / f"{name}.discarded.jsonl").read_text().splitlines()] == [4, 4]
