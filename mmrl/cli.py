@@ -284,9 +284,8 @@ def main(argv: list[str] | None = None) -> int:
 
             print(run_sample(args))
         elif args.command == "sweep":
-            from mmrl.experiments.sweep import parse_sweep_arguments, run_sweep
-
             from mmrl.core.registry import import_plugins
+            from mmrl.experiments.sweep import parse_sweep_arguments, run_sweep
 
             import_plugins(args.imports, "--import")
             table = run_sweep(args.recipe, parse_sweep_arguments(args.overrides), args.out, args.pass_k, args.imports)
