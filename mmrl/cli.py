@@ -4,6 +4,7 @@
     mmrl sft sanity/tiny_cpu --out runs/sft warm_start.sft_steps=200
     mmrl train sanity/tiny_cpu --out runs/x --resume
     mmrl eval curvebench/easy-v0 --model runs/x --k 4
+    mmrl train my_recipe.yaml --import ./my_tasks.py --out runs/mine     # a user's plugin (docs/plugins.md)
     mmrl list
     mmrl plot runs/x
 """
@@ -20,7 +21,7 @@ from mmrl.core.config import ConfigError
 from mmrl.core.contracts import DataError
 from mmrl.core.guards import TrainingDiverged
 from mmrl.core.interrupt import TrainingInterrupted
-from mmrl.core.registry import UnknownNameError
+from mmrl.core.registry import ComponentSpec, Registry, UnknownNameError
 from mmrl.core.run_folder import FolderInUseError
 
 # Errors in what the user gave (recipe, override, folder, data files): reported in one line, exit code 2
@@ -42,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
         warm.add_argument("overrides", nargs="*", help="dotted overrides, e.g. warm_start.sft_steps=200")
         warm.add_argument("--out", required=True, help="folder for the saved policy")
         warm.add_argument("--overwrite", action="store_true", help="replace an existing folder written by mmrl")
+        add_import_argument(warm)
 
     init = sub.add_parser("init-model", help="build an embedded tiny model from its spec and save it (HF format)")
     init.add_argument("spec", help="tiny-model spec in assets/, e.g. vlm/qwen2_5_vl_tiny.json")
@@ -52,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("policy_dir", help="a saved policy folder, e.g. RUN/checkpoints/step_N/policy")
     export.add_argument("--out", required=True, help="new folder for the merged checkpoint")
 
-    sub.add_parser("list", help="registered tasks, envs, policies, algorithms and recipes")
+    add_import_argument(sub.add_parser("list", help="registered tasks, envs, policies, algorithms and recipes; "
+                                                    "where each task and policy comes from"))
 
     evaluate = sub.add_parser("eval", help="a task's held-out metrics for a saved model (pass@k with --k)")
     evaluate.add_argument("target", help="a task id (e.g. curvebench/easy-v0) or a recipe")
@@ -66,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--max-new-tokens", type=int, default=None, help="default: the config's rollout.max_new_tokens")
     evaluate.add_argument("--k", type=int, default=1, help="> 1: also pass@k and mean@k over k samples (at the config's eval.pass_temperature)")
     evaluate.add_argument("--json", help="also write the metrics to this JSON file")
+    add_import_argument(evaluate)
 
     sub.add_parser("doctor", help="MuJoCo rendering diagnostics: MUJOCO_GL, working backends, frames/s")
     world_model = sub.add_parser("train-world-model", help="collect MuJoCo episodes, train an action-conditioned "
@@ -87,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("overrides", nargs="*", help="algo=<arm>,<arm> seeds=0,1,2 and dotted overrides for every run")
     sweep.add_argument("--out", required=True, help="sweep folder (runs/, sweep.md, sweep.json, sweep.png)")
     sweep.add_argument("--pass-k", type=int, default=8, help="k of the held-out pass@k (0: off; default 8)")
+    add_import_argument(sweep)
 
     extrapolate = sub.add_parser("extrapolate", help="RELEX rank-1 linear extrapolation of a run's checkpoints")
     extrapolate.add_argument("run", help="a run folder whose checkpoints were kept (checkpoint.keep_last=0)")
@@ -95,6 +100,13 @@ def build_parser() -> argparse.ArgumentParser:
     extrapolate.add_argument("--out", required=True, help="folder for the predicted policy and extrapolation.json")
     extrapolate.add_argument("--overwrite", action="store_true", help="replace an existing --out written by mmrl")
     return parser
+
+
+def add_import_argument(parser: argparse.ArgumentParser) -> None:
+    """``--import MODULE_OR_FILE`` (repeatable): a user's plugin, imported before the recipe is read."""
+    parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE_OR_FILE",
+                        help="import a module (my_package.tasks) or a .py file that registers tasks, policies or "
+                             "verifiers, before the recipe is read; repeatable (docs/plugins.md)")
 
 
 def add_pretrain_arguments(parser: argparse.ArgumentParser) -> None:
@@ -133,6 +145,7 @@ def add_train_arguments(parser: argparse.ArgumentParser, default_recipe: str | N
     parser.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing run in --out")
     parser.add_argument("--no-plot", action="store_true", help="do not write OUT/curves.png at the end")
+    add_import_argument(parser)
 
 
 def run_train(args: argparse.Namespace) -> Path:
@@ -142,6 +155,7 @@ def run_train(args: argparse.Namespace) -> Path:
     from mmrl.core.checkpoint import disk_full_error
     from mmrl.core.config import load_config
     from mmrl.core.interrupt import stop_at_step_boundary
+    from mmrl.core.registry import import_plugins
     from mmrl.experiments.plotting import plot_run
     from mmrl.core.run_folder import remove_if_unused
     from mmrl.core.trainer import Trainer
@@ -149,7 +163,8 @@ def run_train(args: argparse.Namespace) -> Path:
     transformers.utils.logging.disable_progress_bar()  # one progress bar: the trainer's
     if args.resume and args.overwrite:
         raise ConfigError("--resume and --overwrite exclude each other")
-    cfg = load_config(args.recipe, args.overrides)
+    import_plugins(args.imports, "--import")
+    cfg = load_config(args.recipe, args.overrides, args.imports)  # the run's config.yaml lists them
     out = Path(args.out)
     new_folder = not out.exists()
     with stop_at_step_boundary():
@@ -179,10 +194,12 @@ def run_warm_start(args: argparse.Namespace) -> Path:
     import transformers
 
     from mmrl.core.config import load_config
+    from mmrl.core.registry import import_plugins
     from mmrl.core.warm_start import export_warm_start
 
     transformers.utils.logging.disable_progress_bar()
-    cfg = load_config(args.recipe, args.overrides)
+    import_plugins(args.imports, "--import")
+    cfg = load_config(args.recipe, args.overrides, args.imports)
     out = export_warm_start(cfg, args.out, overwrite=args.overwrite)
     print(f"warm start ({cfg.warm_start.sft_steps} steps) saved to {out}")
     return out
@@ -216,7 +233,7 @@ def list_components() -> str:
 
     load_plugins()
     envs = sorted(k for k in gymnasium.registry if k.startswith("mmrl/"))
-    sections = [("tasks", TASKS.names()), ("envs", envs), ("policies", POLICIES.names()),
+    sections = [("tasks", with_origins(TASKS)), ("envs", envs), ("policies", with_origins(POLICIES)),
                 ("advantage estimators", ADVANTAGE_ESTIMATORS.names()), ("policy losses", POLICY_LOSSES.names()),
                 ("loss aggregations", AGGREGATIONS.names()),
                 ("KL estimators", KL_ESTIMATORS.names() + GAUSSIAN_KL_ESTIMATORS.names()),
@@ -225,6 +242,12 @@ def list_components() -> str:
                 ("recipes", list_recipes())]
     return "\n".join(f"{title}:\n" + ("\n".join(f"  {n}" for n in names) or "  (none yet)")
                      for title, names in sections)
+
+
+def with_origins(registry: Registry[ComponentSpec]) -> list[str]:
+    """``name  origin`` lines of a task or policy registry (built-in, plugin entry point, --import, imports:)."""
+    width = max((len(name) for name in registry.names()), default=0)
+    return [f"{name:<{width}}  {registry.get(name).origin}" for name in registry.names()]
 
 
 def parse_with_overrides(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
@@ -261,9 +284,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"plain Hugging Face checkpoint saved to {merge_and_export(args.policy_dir, args.out)}")
         elif args.command == "eval":
             from mmrl.core.evaluate import run_eval
+            from mmrl.core.registry import import_plugins
 
+            import_plugins(args.imports, "--import")
             print(run_eval(args))
         elif args.command == "list":
+            from mmrl.core.registry import import_plugins
+
+            import_plugins(args.imports, "--import")
             print(list_components())
         elif args.command == "train-world-model":
             from mmrl.envs.world_model.training import run_train_world_model
@@ -286,9 +314,11 @@ def main(argv: list[str] | None = None) -> int:
 
             print(run_sample(args))
         elif args.command == "sweep":
+            from mmrl.core.registry import import_plugins
             from mmrl.experiments.sweep import parse_sweep_arguments, run_sweep
 
-            table = run_sweep(args.recipe, parse_sweep_arguments(args.overrides), args.out, args.pass_k)
+            import_plugins(args.imports, "--import")
+            table = run_sweep(args.recipe, parse_sweep_arguments(args.overrides), args.out, args.pass_k, args.imports)
             print(table.read_text())
         elif args.command == "extrapolate":
             from mmrl.experiments.extrapolate import run_extrapolate

@@ -3,6 +3,7 @@ errors in one line with exit code 2, before touching the run folder."""
 
 from __future__ import annotations
 
+import re
 import runpy
 import sys
 from pathlib import Path
@@ -20,9 +21,11 @@ TINY = ["trainer.steps=2", "eval.num_examples=8", "rollout.prompts_per_step=4", 
 def test_list_shows_every_registry(capsys):
     assert main(["list"]) == 0
     text = capsys.readouterr().out
-    for name in ("sanity/reverse-v0", "causal_lm", "grpo", "rloo", "reinforce_pp", "gae", "ppo_clip", "gspo",
+    for name in ("grpo", "rloo", "reinforce_pp", "gae", "ppo_clip", "gspo",
                  "seq-mean-token-sum-norm", "low_var_kl", "adv_clip", "sanity/tiny_cpu", "sanity/ppo_tiny_cpu"):
         assert f"  {name}\n" in text, name
+    for name in ("sanity/reverse-v0", "causal_lm"):  # tasks and policies say where they come from
+        assert re.search(rf"^  {re.escape(name)} +built-in$", text, re.MULTILINE), name
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -117,7 +117,7 @@ def numeric_fields() -> list[str]:
     paths = []
     for section in dataclasses.fields(TrainConfig):
         cls = typing.get_type_hints(TrainConfig)[section.name]
-        if cls is config.ComponentConfig:
+        if cls is config.ComponentConfig or not dataclasses.is_dataclass(cls):  # task / policy; imports
             continue
         for f, hint in zip(dataclasses.fields(cls), typing.get_type_hints(cls).values()):
             if {int, float} & {hint, *typing.get_args(hint)}:

@@ -63,7 +63,8 @@ def disk_full_error(err: BaseException, out: Path) -> DiskFullError | None:
 # Fields that may change between a run and its resumption without changing the trajectory.
 # (trainer.steps too, but only under a constant learning rate: a decaying schedule spans the run.)
 RESUMABLE_CHANGES = {("eval", "every"), ("checkpoint", "every"), ("checkpoint", "keep_last"),
-                     ("log", "tensorboard"), ("log", "progress")}
+                     ("log", "tensorboard"), ("log", "progress"), ("log", "num_samples"), ("log", "wandb"),
+                     ("log", "trackio")}
 
 
 def resumable_changes(cfg: TrainConfig) -> set[tuple[str, str]]:

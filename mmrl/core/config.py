@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import importlib.util
 from dataclasses import dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -154,11 +155,62 @@ class WarmStartConfig:
 
 
 @dataclass(frozen=True)
+class WandbConfig:
+    """Weights & Biases settings (``log.wandb``); ``pip install wandb`` (or ``mmrl[track]``)."""
+
+    project: str = "mmrl"
+    """W&B project."""
+    entity: str | None = None
+    """W&B team or user; null: the logged-in account's default."""
+    name: str | None = None
+    """Run name; null: the run folder's name."""
+    mode: Literal["offline", "online"] = "offline"
+    """offline: no network, the run is written under ``OUT/wandb/`` (upload it later with
+    ``wandb sync OUT/wandb/offline-run-*``); online: streamed to the W&B server (needs ``wandb login``)."""
+
+
+@dataclass(frozen=True)
+class TrackioConfig:
+    """Trackio settings (``log.trackio``); ``pip install trackio`` (or ``mmrl[track]``)."""
+
+    project: str = "mmrl"
+    """Trackio project: one local SQLite database, shared by its runs (``trackio show --project NAME``)."""
+    name: str | None = None
+    """Run name; null: the run folder's name."""
+    space_id: str | None = None
+    """null: log only to trackio's local store, no network (``$TRACKIO_DIR``, default
+    ``~/.cache/huggingface/trackio``); ``user/space``: also to that Hugging Face Space (needs ``hf auth login``)."""
+
+
+@dataclass(frozen=True)
 class LogConfig:
     tensorboard: bool = True
     """Write TensorBoard events to ``OUT/tb`` when tensorboard is installed."""
     progress: bool = True
     """Progress bar with the live reward on the console."""
+    num_samples: int = 8
+    """Held-out outputs per evaluated split written to ``OUT/samples.jsonl`` at each evaluation (prompt,
+    completion, reward, components), and sent as a table to the trackers that are on; 0: none."""
+    wandb: bool | WandbConfig = False
+    """Also log metrics and sample tables to Weights & Biases: false, true (the defaults of
+    :class:`WandbConfig`: offline) or a mapping of its fields. Only the main process logs."""
+    trackio: bool | TrackioConfig = False
+    """Also log metrics and sample tables to Trackio: false, true (the defaults of :class:`TrackioConfig`:
+    the local store) or a mapping of its fields. Only the main process logs."""
+
+    @property
+    def wandb_settings(self) -> WandbConfig | None:
+        """``log.wandb`` as settings (``true``: the defaults), or None when off."""
+        if self.wandb is True:
+            return WandbConfig()
+        return self.wandb if isinstance(self.wandb, WandbConfig) else None
+
+    @property
+    def trackio_settings(self) -> TrackioConfig | None:
+        """``log.trackio`` as settings (``true``: the defaults), or None when off."""
+        if self.trackio is True:
+            return TrackioConfig()
+        return self.trackio if isinstance(self.trackio, TrackioConfig) else None
 
 
 @dataclass(frozen=True)
@@ -172,6 +224,10 @@ class TrainConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    imports: tuple[str, ...] = ()
+    """Modules (``my_package.tasks``) or ``.py`` files (relative to the recipe) imported before the recipe's
+    names are looked up, so that they can register tasks, policies, verifiers (docs/plugins.md); the
+    resolved config lists files by absolute path, and ``--import`` adds to the list."""
 
 
 # ------------------------------------------------------------------------------------------------
@@ -218,6 +274,7 @@ FIELD_RANGES: dict[str, Range] = {
     "trainer.weight_decay": AT_LEAST_0, "trainer.warmup_steps": AT_LEAST_0, "trainer.ppo_epochs": AT_LEAST_1,
     "trainer.minibatches": AT_LEAST_1, "trainer.micro_batch_size": AT_LEAST_1, "trainer.grad_clip": POSITIVE,
     "trainer.max_skipped_frac": UNIT, "trainer.threads": AT_LEAST_1,
+    "log.num_samples": AT_LEAST_0,
     "eval.every": AT_LEAST_0, "eval.num_examples": AT_LEAST_1, "eval.temperature": AT_LEAST_0,
     "eval.seed": AT_LEAST_0, "eval.pass_k": AT_LEAST_0, "eval.pass_temperature": POSITIVE,
     "eval.pass_threshold": Range(),
@@ -303,17 +360,35 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     return data
 
 
-def load_config(recipe: str, overrides: list[str] = ()) -> TrainConfig:
-    """Recipe + overrides → a validated :class:`TrainConfig` (task/policy args typed too)."""
-    data = apply_overrides(load_yaml(resolve_recipe(recipe)), list(overrides))
+def read_recipe(path: Path) -> dict:
+    """A recipe (or a run's ``config.yaml``) as a mapping, with the ``.py`` files of its ``imports`` made
+    absolute: they are relative to the YAML file that names them."""
+    from mmrl.core.registry import absolute_plugin
+
+    data = load_yaml(path)
+    if isinstance(data.get("imports"), list):  # any other type fails in build() with a typed error
+        data["imports"] = [absolute_plugin(item, path.parent) if isinstance(item, str) else item
+                           for item in data["imports"]]
+    return data
+
+
+def load_config(recipe: str, overrides: list[str] = (), imports: list[str] = ()) -> TrainConfig:
+    """Recipe + overrides → a validated :class:`TrainConfig` (task/policy args typed too). ``imports``
+    (``--import``: module names, ``.py`` files relative to the working directory) join the recipe's."""
+    from mmrl.core.registry import absolute_plugin
+
+    data = apply_overrides(read_recipe(resolve_recipe(recipe)), list(overrides))
+    named = data.setdefault("imports", [])
+    if isinstance(named, list):  # any other type fails in build() with a typed error
+        named += [item for item in (absolute_plugin(spec, Path.cwd()) for spec in imports) if item not in named]
     return validate(build(TrainConfig, data))
 
 
 def validate(cfg: TrainConfig) -> TrainConfig:
-    """Resolve registered names and component args; check cross-field constraints."""
-    from mmrl.core.registry import POLICIES, TASKS, load_plugins
+    """Import the recipe's plugins; resolve registered names and component args; check cross-field constraints."""
+    from mmrl.core.registry import POLICIES, TASKS, import_plugins
 
-    load_plugins()
+    import_plugins(cfg.imports, "imports:")
     task_spec, policy_spec = _lookup(TASKS, cfg.task.name), _lookup(POLICIES, cfg.policy.name)
     task_args = _component_args(task_spec.config, cfg.task.args, "task.args")
     policy_args = _component_args(policy_spec.config, cfg.policy.args, "policy.args")
@@ -345,6 +420,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     if cfg.rollout.param_noise_std > 0 and (a.tis_cap is None or not cfg.trainer.recompute_logp_old):
         problems.append("rollout.param_noise_std > 0 (PSN) trains on rollouts of perturbed weights: set "
                         "trainer.recompute_logp_old: true and algo.tis_cap (e.g. 2.0) for truncated IS")
+    for key, settings in (("wandb", cfg.log.wandb_settings), ("trackio", cfg.log.trackio_settings)):
+        if settings is not None and importlib.util.find_spec(key) is None:
+            problems.append(f"log.{key} needs `pip install {key}` (or `pip install 'mmrl[track]'`)")
     if a.bc_coef > 0 and cfg.trainer.ref_model == "none":
         problems.append("algo.bc_coef > 0 gates the BC regulariser by the KL to a reference: set "
                         "trainer.ref_model: copy (or adapter_disabled); algo.kl_coef may stay 0")

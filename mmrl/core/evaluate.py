@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from mmrl.core.config import (ConfigError, TrainConfig, apply_overrides, build, load_yaml, resolve_recipe, to_dict,
-                         validate)
+from mmrl.core.config import (ConfigError, TrainConfig, apply_overrides, build, read_recipe, resolve_recipe, to_dict,
+                              validate)
 from mmrl.core.contracts import Policy, RewardResult
 from mmrl.core.rollout import Rollout, SamplingParams, derive_seed
 
@@ -71,16 +71,28 @@ def pass_at_k(scores: torch.Tensor, example_index: torch.Tensor, num_examples: i
     return float((passes > 0).double().mean())
 
 
+@dataclass(frozen=True)
+class HeldOutSample:
+    """One held-out example, the policy's output for it, and the verifier's verdict (``samples.jsonl``)."""
+
+    example: Any
+    output: Any
+    result: RewardResult
+
+
 @torch.no_grad()
 def held_out_metrics(policy: Policy, task: Any, cfg: TrainConfig, engine: Any, all_examples: Sequence[Any], step: int,
-                     index: int) -> dict[str, float]:
+                     index: int) -> tuple[dict[str, float], list[HeldOutSample]]:
     """The trainer's held-out metrics on one split (``index`` 0 is ``eval.split``, which also gets pass@k):
-    each process evaluates its share at ``eval.temperature``; the means are over all processes' examples."""
+    each process evaluates its share at ``eval.temperature``; the means are over all processes' examples.
+    Also returns this process's first ``log.num_samples`` outputs (the same examples at every evaluation)."""
     e = cfg.eval
     examples = all_examples[engine.rank::engine.world_size]
     seed = derive_seed(e.seed, step, engine.rank) if index == 0 else derive_seed(e.seed, step, engine.rank, 100 + index)
     rollout = policy.rollout(examples, 1, SamplingParams(e.temperature, 1.0, cfg.rollout.max_new_tokens), seed)
     results = verify(task, cfg.task.name, rollout, examples)
+    samples = [HeldOutSample(examples[i], output, result) for i, output, result
+               in zip(rollout.example_index.tolist()[:cfg.log.num_samples], rollout.outputs, results)]
     metrics = rollout_metrics(task, examples, rollout, results)
     if e.pass_k and index == 0:
         sampled = policy.rollout(examples, e.pass_k, SamplingParams(e.pass_temperature, 1.0, cfg.rollout.max_new_tokens),
@@ -89,7 +101,7 @@ def held_out_metrics(policy: Policy, task: Any, cfg: TrainConfig, engine: Any, a
         metrics[f"pass@{e.pass_k}"] = pass_at_k(scores, sampled.example_index, len(examples), e.pass_threshold)
         metrics[f"mean@{e.pass_k}"] = float(scores.mean())
     n, total = len(results), engine.sum(len(results))
-    return {key: engine.sum(value * n) / total for key, value in metrics.items()}
+    return {key: engine.sum(value * n) / total for key, value in metrics.items()}, samples
 
 
 @dataclass(frozen=True)
@@ -144,7 +156,7 @@ def resolve(target: str, model: str | None, overrides: Sequence[str], policy_nam
         raise FileNotFoundError(f"--model {model}: no such folder")
     weights: Path | None = model_dir
     if model_dir is not None and (model_dir / RUN_CONFIG).is_file():
-        data = load_yaml(model_dir / RUN_CONFIG)
+        data = read_recipe(model_dir / RUN_CONFIG)
         if (model_dir / "checkpoints").is_dir():
             latest = ckpt.latest_checkpoint(model_dir)
             if latest is None:
@@ -160,14 +172,14 @@ def resolve(target: str, model: str | None, overrides: Sequence[str], policy_nam
         data = {"task": {"name": target, "args": {}}, "policy": {"name": policy_name, "args": {"pretrained": model}}}
         weights = None  # the policy loads them itself
     else:
-        data = load_yaml(resolve_recipe(target))
+        data = read_recipe(resolve_recipe(target))
     return validate(build(TrainConfig, apply_overrides(data, list(overrides)))), weights
 
 
 def recipe_with_policy_of(recipe: str, run_data: dict, run: Path) -> dict:
     """The recipe's config, when its policy is the one the run (or sft folder) trained; a
     :class:`ConfigError` when they differ (the run's weights would not fit the recipe's policy)."""
-    data = load_yaml(resolve_recipe(recipe))
+    data = read_recipe(resolve_recipe(recipe))
     theirs, ours = validate(build(TrainConfig, run_data)).policy, validate(build(TrainConfig, data)).policy
     if to_dict(theirs) != to_dict(ours):
         differ = sorted(k for k in {*to_dict(ours)["args"], *to_dict(theirs)["args"]}

@@ -3,16 +3,24 @@
 Everything a recipe names by string (tasks, policies, advantage estimators, losses, ...) lives in a
 :class:`Registry`. Registration is explicit (a decorator or a call at import of the defining
 module); the modules that register come from one entry-point group (:data:`PLUGIN_GROUP`), loaded
-once, the first time a component is made or listed.
+once, the first time a component is made or listed, and from a user's own modules or files named by
+``--import`` or a recipe's ``imports:`` (:func:`import_plugins`). Tasks and policies remember which of
+these registered them (``ComponentSpec.origin``, shown by ``mmrl list``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import importlib
 import importlib.metadata
+import importlib.util
 import re
-from collections.abc import Callable, Iterator
+import sys
+import traceback
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
@@ -78,13 +86,20 @@ class Registry(Generic[T]):
 TASK_ID = re.compile(r"^[a-z0-9_]+/[a-z0-9_.\-]+-v\d+$")
 
 
+BUILT_IN = "built-in"
+"""Origin of mmrl's own components."""
+
+
 @dataclass(frozen=True)
 class ComponentSpec:
     """How to build a registered component: ``factory(config)`` with ``config`` an instance of
-    the ``config`` dataclass (its fields are the recipe's ``args``)."""
+    the ``config`` dataclass (its fields are the recipe's ``args``). ``origin`` says what registered
+    it: :data:`BUILT_IN`, ``plugin <entry point> (<distribution>)``, ``--import <spec>``,
+    ``imports: <spec>``, or ``module <name>`` for a call outside any of these."""
 
     factory: Callable[[Any], Any]
     config: type
+    origin: str = BUILT_IN
 
 
 TASKS: Registry[ComponentSpec] = Registry("task")
@@ -95,11 +110,32 @@ def register_task(task_id: str, factory: Callable[[Any], Any], config: type) -> 
     """Register a task under a versioned id ``family/name-vK`` (bump K when the reward changes)."""
     if not TASK_ID.match(task_id):
         raise ValueError(f"task id {task_id!r} must look like 'family/name-v0'")
-    TASKS.register(task_id, ComponentSpec(factory, config))
+    TASKS.register(task_id, ComponentSpec(factory, config, _origin_of(factory)))
 
 
 def register_policy(name: str, factory: Callable[[Any], Any], config: type) -> None:
-    POLICIES.register(name, ComponentSpec(factory, config))
+    POLICIES.register(name, ComponentSpec(factory, config, _origin_of(factory)))
+
+
+_loading: list[str] = []
+"""Origins of the plugins being imported, innermost last."""
+
+
+@contextlib.contextmanager
+def _origin(label: str) -> Iterator[None]:
+    """Components registered inside this block get ``label`` as their origin."""
+    _loading.append(label)
+    try:
+        yield
+    finally:
+        _loading.pop()
+
+
+def _origin_of(factory: Callable[[Any], Any]) -> str:
+    if _loading:
+        return _loading[-1]
+    module = getattr(factory, "__module__", None) or "?"
+    return BUILT_IN if module == "mmrl" or module.startswith("mmrl.") else f"module {module}"
 
 
 PLUGIN_GROUP = "mmrl.plugins"
@@ -119,14 +155,91 @@ def load_plugins() -> list[str]:
         raise RuntimeError(f"no built-in {PLUGIN_GROUP} entry points: mmrl's install metadata is missing or stale; "
                            f"reinstall it (pip install -e .)")
     for ep in found:
-        try:
-            loaded = ep.load()
-        except Exception as err:
-            raise RuntimeError(f"{PLUGIN_GROUP} entry point {ep.name!r} ({ep.value}) failed to load: {err}") from err
-        if callable(loaded):
-            loaded()
+        dist = ep.dist.name if ep.dist is not None else None
+        with _origin(BUILT_IN if dist == "mmrl" else f"plugin {ep.name} ({dist or ep.value})"):
+            try:
+                loaded = ep.load()
+                if callable(loaded):
+                    loaded()
+            except Exception as err:
+                raise RuntimeError(f"{PLUGIN_GROUP} entry point {ep.name!r} ({ep.value}) failed to load: "
+                                   f"{_describe(err)}") from err
         _loaded_plugins.append(ep.name)
     return list(_loaded_plugins)
+
+
+# ------------------------------------------------------------------------------------------------
+# A user's own modules: ``--import my_package`` / ``--import ./my_tasks.py``, a recipe's ``imports:``.
+
+_imported: dict[str, str] = {}
+"""User plugins imported in this process: module name or absolute file path → the module's name."""
+
+
+def is_plugin_file(spec: str) -> bool:
+    """A plugin named by path (``./my_tasks.py``, ``plugins/tasks.py``) rather than by module name."""
+    return spec.endswith(".py") or "/" in spec or "\\" in spec
+
+
+def absolute_plugin(spec: str, base: Path) -> str:
+    """``spec`` with a relative file path made absolute against ``base``; module names unchanged."""
+    if not is_plugin_file(spec) or Path(spec).is_absolute():
+        return spec
+    return str((base / spec).resolve())
+
+
+def import_plugins(specs: Sequence[str], source: str) -> list[str]:
+    """Import a user's modules (``my_package.tasks``) or ``.py`` files (relative to the working directory)
+    so that they register their components, after the entry points (:func:`load_plugins`). ``source``
+    (``--import``, ``imports:``) names where they were given, in errors and in the components' origin.
+    Each is imported once per process; a file is imported as a module named after its stem.
+    A plugin that fails to import raises one ``ConfigError`` naming it and the error. Returns the modules'
+    names."""
+    from mmrl.core.typed import ConfigError
+
+    load_plugins()
+    names = []
+    for spec in specs:
+        key = str(Path(spec).resolve()) if is_plugin_file(spec) else spec
+        if key not in _imported:
+            with _origin(f"{source} {spec}"):
+                try:
+                    _imported[key] = _import_file(Path(key)) if is_plugin_file(spec) else _import_module(key)
+                except Exception as err:
+                    raise ConfigError(f"{source} {spec}: {_describe(err)}") from err
+        names.append(_imported[key])
+    return names
+
+
+def _import_module(name: str) -> str:
+    if not all(part.isidentifier() for part in name.split(".")):
+        raise ValueError(f"{name!r} is neither a module name (my_package.tasks) nor a .py file")
+    return importlib.import_module(name).__name__
+
+
+def _import_file(path: Path) -> str:
+    if not path.is_file():
+        raise FileNotFoundError(f"no such file {path}")
+    name = path.stem
+    if name in sys.modules:
+        raise ImportError(f"a module named {name!r} is already imported ({getattr(sys.modules[name], '__file__', '?')}); "
+                          f"rename {path.name}")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # before executing: dataclasses and pickling look the module up by name
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return name
+
+
+def _describe(err: Exception) -> str:
+    """``Type: message``, and where in the plugin's own code it was raised."""
+    frames = [f for f in traceback.extract_tb(err.__traceback__)
+              if not f.filename.startswith("<frozen") and f.filename != __file__ and "importlib" not in f.filename]
+    where = f" ({frames[-1].filename}:{frames[-1].lineno})" if frames and not isinstance(err, SyntaxError) else ""
+    return f"{type(err).__name__}: {err}{where}"
 
 
 def make_task(task_id: str, args: Any = None) -> Any:

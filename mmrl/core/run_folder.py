@@ -26,8 +26,8 @@ MARKER = ".mmrl-run"
 LOCK_FILE = ".mmrl-run.lock"
 
 # What ``mmrl train`` (and the per-domain scripts) write at the top of a run folder.
-TRAIN_ENTRIES = ("config.yaml", "metrics.jsonl", "metrics.discarded.jsonl", "checkpoints", "tb", "curves.png",
-                 "plans.gif")  # plans.gif: scripts/train_driving.py
+TRAIN_ENTRIES = ("config.yaml", "metrics.jsonl", "metrics.discarded.jsonl", "samples.jsonl", "samples.discarded.jsonl",
+                 "checkpoints", "tb", "wandb", "curves.png", "plans.gif")  # plans.gif: scripts/train_driving.py
 
 
 class FolderInUseError(RuntimeError):

@@ -33,6 +33,7 @@ from mmrl.core.evaluate import held_out_metrics, verify
 from mmrl.core.guards import NonFiniteGuard
 from mmrl.core.logging import RunLogger
 from mmrl.core.objective import MicroInputs, micro_loss
+from mmrl.core.trackers import open_trackers
 from mmrl.core.registry import make_task
 from mmrl.core.rescoring import forward_no_grad, reference_outputs, select_output
 from mmrl.core.rollout import Rollout, SamplingParams, derive_seed
@@ -81,7 +82,7 @@ class Trainer:
         elif self.engine.is_main:
             dump_config(cfg, self.out / "config.yaml")
         self.logger = RunLogger(self.out, self.engine.is_main, t.steps, self.step, cfg.log.tensorboard,
-                                cfg.log.progress)
+                                cfg.log.progress, open_trackers(cfg, self.out) if self.engine.is_main else ())
 
     def train(self) -> None:
         cfg = self.cfg
@@ -264,12 +265,14 @@ class Trainer:
     # -- evaluation and checkpoints ------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
         """Greedy held-out metrics: ``eval/<metric>`` on ``eval.split``, ``eval/<split>/<metric>`` on each of
-        ``eval.extra_splits``."""
-        metrics = {}
+        ``eval.extra_splits``; the first outputs of each go to ``samples.jsonl`` and the trackers."""
+        metrics, samples = {}, []
         for index, (split, examples) in enumerate(self.eval_sets):
             prefix = "eval/" if index == 0 else f"eval/{split}/"
-            metrics |= {prefix + key: value for key, value in
-                        held_out_metrics(self.policy, self.task, self.cfg, self.engine, examples, self.step, index).items()}
+            values, shown = held_out_metrics(self.policy, self.task, self.cfg, self.engine, examples, self.step, index)
+            metrics |= {prefix + key: value for key, value in values.items()}
+            samples += [(split, sample) for sample in shown]
+        self.logger.log_samples(self.step, samples)
         return metrics
 
     def save_checkpoint(self) -> None:

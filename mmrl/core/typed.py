@@ -55,6 +55,9 @@ def _coerce(value: Any, hint: Any, path: str) -> Any:
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
+        sections = [a for a in args if is_dataclass(a)]
+        if isinstance(value, dict) and len(sections) == 1:  # a mapping fills the section: report its own errors
+            return build(sections[0], value, path)
         errors = []
         for option in (a for a in args if a is not type(None)):
             try:

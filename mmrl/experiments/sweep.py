@@ -128,8 +128,9 @@ def run_is_complete(out: Path, steps: int) -> bool:
     return any(r["step"] == steps and "eval/reward_mean" in r for r in rows)
 
 
-def run_sweep(recipe: str, spec: SweepSpec, out: str | Path, pass_k: int) -> Path:
-    """Train every (arm, seed) and write the table, JSON and plot; returns ``OUT/sweep.md``."""
+def run_sweep(recipe: str, spec: SweepSpec, out: str | Path, pass_k: int, imports: list[str] = ()) -> Path:
+    """Train every (arm, seed) and write the table, JSON and plot; returns ``OUT/sweep.md``. ``imports``
+    (``--import``) are recorded in every run's config."""
     import transformers
 
     from mmrl.core.trainer import Trainer
@@ -137,7 +138,8 @@ def run_sweep(recipe: str, spec: SweepSpec, out: str | Path, pass_k: int) -> Pat
     transformers.utils.logging.disable_progress_bar()
     out = Path(out)
     common = [*spec.overrides, f"eval.pass_k={pass_k}", "log.progress=false"]
-    configs = {(arm, seed): load_config(recipe, [*common, *SWEEP_ARMS.get(arm).overrides, f"trainer.seed={seed}"])
+    configs = {(arm, seed): load_config(recipe, [*common, *SWEEP_ARMS.get(arm).overrides, f"trainer.seed={seed}"],
+                                        imports)
                for arm in spec.arms for seed in spec.seeds}  # every config is validated before any training
     seconds: dict[tuple[str, int], float] = {}
     for (arm, seed), cfg in configs.items():

@@ -7,6 +7,7 @@ Runs subprocesses; about a minute in all on 2 CPU cores. Note that ``accelerate 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import socket
@@ -103,10 +104,19 @@ def test_two_process_training_runs(tmp_path):
            "--main_process_port", str(free_port()), "-m", "mmrl.cli", "train", "configs/sanity/tiny_cpu.yaml",
            "trainer.steps=3", "rollout.prompts_per_step=8", "rollout.group_size=4", "warm_start.sft_steps=5",
            "eval.num_examples=8", "checkpoint.every=2", "log.progress=false", "log.tensorboard=false",
-           "--out", str(out), "--no-plot"]
+           "log.num_samples=2", "log.wandb=true", "--out", str(out), "--no-plot"]
+    has_trackio = importlib.util.find_spec("trackio") is not None  # optional: `pip install 'mmrl[track]'`
+    cmd += [f"log.trackio={{project: two-proc-{os.getpid()}}}"] if has_trackio else []
     run(cmd, env)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2, 3]  # one row per step: only the main process logs
+    samples = [json.loads(line)["step"] for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert samples == [0, 0, 3, 3]  # log.num_samples per evaluation, from the main process only
+    assert len(list((out / "wandb").glob("offline-run-*"))) == 1  # one tracker run: the main process's
+    if has_trackio:
+        from trackio.sqlite_storage import SQLiteStorage  # the store of $TRACKIO_DIR, as the workers had it
+
+        assert SQLiteStorage.get_runs(f"two-proc-{os.getpid()}") == ["run"]
     for row in rows[1:]:
         assert 0.0 <= row["reward/mean"] <= 1.0
         assert row["policy/version"] == 4 * row["step"]  # ppo_epochs 2 × minibatches 2 per step
