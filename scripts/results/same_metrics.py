@@ -56,8 +56,8 @@ def compare(a: Path, b: Path) -> int:
                     print(f"{name} step {step} {key}: {xa[key]} vs {xb[key]}")
                 else:
                     same += 1
-            only[0] |= set(xa) - set(xb)
-            only[1] |= set(xb) - set(xa)
+            only[0].update(set(xa) - set(xb))
+            only[1].update(set(xb) - set(xa))
         print(f"{name}: {same} values equal")
     for side, keys in zip((a, b), only):
         if keys:
