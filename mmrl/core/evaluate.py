@@ -24,6 +24,7 @@ import torch
 from mmrl.core.config import (ConfigError, TrainConfig, apply_overrides, build, read_recipe, resolve_recipe, to_dict,
                               validate)
 from mmrl.core.contracts import Policy, RewardResult
+from mmrl.core.logging import HeldOutSample
 from mmrl.core.rollout import Rollout, SamplingParams, derive_seed
 
 RUN_CONFIG = "config.yaml"
@@ -69,15 +70,6 @@ def pass_at_k(scores: torch.Tensor, example_index: torch.Tensor, num_examples: i
     passes = torch.zeros(num_examples, dtype=torch.float64).index_add_(0, example_index,
                                                                        (scores >= threshold).double())
     return float((passes > 0).double().mean())
-
-
-@dataclass(frozen=True)
-class HeldOutSample:
-    """One held-out example, the policy's output for it, and the verifier's verdict (``samples.jsonl``)."""
-
-    example: Any
-    output: Any
-    result: RewardResult
 
 
 @torch.no_grad()

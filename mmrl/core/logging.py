@@ -16,13 +16,22 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from tqdm.auto import tqdm
 
-if TYPE_CHECKING:
-    from mmrl.core.evaluate import HeldOutSample
+from mmrl.core.contracts import RewardResult
+
+@dataclass(frozen=True)
+class HeldOutSample:
+    """One held-out example, the policy's output for it, and the verifier's verdict (``samples.jsonl``)."""
+
+    example: Any
+    output: Any
+    result: RewardResult
+
 
 METRICS_FILE = "metrics.jsonl"
 SAMPLES_FILE = "samples.jsonl"

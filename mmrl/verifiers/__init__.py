@@ -8,7 +8,8 @@ verifiers: ``math``, ``choice``, ``number``, ``exact``, ``iou``, ``json_f1``, ``
 """
 
 from mmrl.verifiers.base import (VERIFIERS, Reward, RewardBatch, RewardError, RewardSpecError, Verifier,
-                                 build_reward, register_verifier)
+                                 register_verifier)
+from mmrl.verifiers.spec import build_reward
 from mmrl.verifiers import answers, fields, grounding, math_equivalence, models  # noqa: F401  (registration)
 
 __all__ = ["VERIFIERS", "Reward", "RewardBatch", "RewardError", "RewardSpecError", "Verifier", "build_reward",
