@@ -16,6 +16,8 @@ import os
 import sys
 from pathlib import Path
 
+import yaml
+
 from mmrl.core.checkpoint import DiskFullError
 from mmrl.core.config import ConfigError
 from mmrl.core.contracts import DataError
@@ -214,10 +216,16 @@ def summarize(out: Path) -> str:
         return f"{out}: no evaluation logged"
     first, last = evals[0], evals[-1]
     lines = [f"held-out evaluation, step {first['step']} -> step {last['step']}:"]
+    show = lambda v: "null" if v is None else f"{v:.3f}"  # noqa: E731
     for key in (k for k in last if k.startswith("eval/")):
         before, after = first.get(key), last[key]
-        show = lambda v: "null" if v is None else f"{v:.3f}"  # noqa: E731
         lines.append(f"  {key:<24} {show(before)} -> {show(after)}")
+    expected = (yaml.safe_load((out / "config.yaml").read_text()) or {}).get("log", {}).get("expected", {})
+    for key, (low, high) in expected.items():
+        value = last.get(key)
+        verdict = "no value" if value is None else "inside" if low <= value <= high else "OUTSIDE"
+        lines.append(f"  {key} {show(value)}: {verdict} the documented range {low:g}-{high:g} "
+                     f"(seeds and thread counts, docs/results.md)")
     return "\n".join(lines)
 
 

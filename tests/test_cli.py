@@ -49,6 +49,16 @@ def test_overrides_may_follow_out_and_unknown_flags_are_refused(tmp_path, capsys
     assert "held-out evaluation, step 0 -> step 2" in capsys.readouterr().out
 
 
+def test_the_summary_checks_the_last_evaluation_against_the_documented_range(tmp_path, capsys):
+    ranges = "log.expected={eval/reward_mean: [0.0, 1.0], eval/exact_match: [2, 3]}"
+    assert main(["train", "sanity/tiny_cpu", "--out", str(tmp_path / "r"), *QUIET, *TINY, "--no-plot", ranges]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"eval/reward_mean \d\.\d{3}: inside the documented range 0-1", out)
+    assert re.search(r"eval/exact_match \d\.\d{3}: OUTSIDE the documented range 2-3", out)
+    assert main(["train", "sanity/tiny_cpu", "--out", str(tmp_path / "bad"), "log.expected={eval/x: [1, 0]}"]) == 2
+    assert "log.expected.eval/x must be [low, high] with low <= high" in capsys.readouterr().err
+
+
 def test_domain_script_runs_the_same_training(tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
     monkeypatch.setattr(sys, "argv", ["train_sanity.py", "--out", str(out), *QUIET, *TINY])

@@ -64,7 +64,7 @@ def disk_full_error(err: BaseException, out: Path) -> DiskFullError | None:
 # (trainer.steps too, but only under a constant learning rate: a decaying schedule spans the run.)
 RESUMABLE_CHANGES = {("eval", "every"), ("checkpoint", "every"), ("checkpoint", "keep_last"),
                      ("log", "tensorboard"), ("log", "progress"), ("log", "num_samples"), ("log", "wandb"),
-                     ("log", "trackio")}
+                     ("log", "trackio"), ("log", "expected"), ("trainer", "max_skipped_frac")}
 
 
 def resumable_changes(cfg: TrainConfig) -> set[tuple[str, str]]:

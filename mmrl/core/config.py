@@ -197,6 +197,10 @@ class LogConfig:
     trackio: bool | TrackioConfig = False
     """Also log metrics and sample tables to Trackio: false, true (the defaults of :class:`TrackioConfig`:
     the local store) or a mapping of its fields. Only the main process logs."""
+    expected: dict = field(default_factory=dict)
+    """Documented result ranges, ``{metric: [low, high]}`` (e.g. ``eval/accuracy: [0.78, 0.86]``, the
+    range over seeds and thread counts in docs/results.md): at the end, ``mmrl train`` prints the last
+    evaluation of each against its range."""
 
     @property
     def wandb_settings(self) -> WandbConfig | None:
@@ -408,6 +412,10 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         _lookup(REHEARSAL_DIVERGENCES, a.rehearsal_divergence)
     validate_extra(a)  # algo.extra.<variant> sections: typed, unknown keys rejected
     problems = range_problems(cfg)
+    for key, bounds in cfg.log.expected.items():
+        if not (isinstance(bounds, (list, tuple)) and len(bounds) == 2
+                and all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in bounds) and bounds[0] <= bounds[1]):
+            problems.append(f"log.expected.{key} must be [low, high] with low <= high, got {bounds!r}")
     if a.rollout_strategy != "plain" and a.dynamic_sampling:
         problems.append(f"algo.rollout_strategy: {a.rollout_strategy} and algo.dynamic_sampling both choose the "
                         f"rows of a step: use one of them")
