@@ -91,6 +91,9 @@ def local_path(spec: str) -> Path | None:
 def load_parts(files: str | Sequence[str], split: str, cache_dir: Path, image_root: str | None,
                key: str) -> list[Part]:
     """Load every entry of ``files`` (``key`` names the recipe field in errors) as a :class:`Part`."""
+    import datasets
+
+    datasets.disable_progress_bars()  # one bar per file conversion would drown the run's own output
     entries = as_list(files)
     if not entries:
         raise DataError(f"task.args.{key} is empty: give a data file, a save_to_disk folder or a Hub id")
@@ -128,10 +131,14 @@ def load_file(path: Path, cache_dir: Path) -> Any:
     if builder is None:
         raise DataError(f"{path}: unknown data file type {path.suffix!r}; use one of {', '.join(BUILDERS)}, "
                         f"or a save_to_disk folder")
+    if path.stat().st_size == 0:
+        raise DataError(f"{path}: the file is empty (no rows)")
     try:
         return datasets.load_dataset(builder, data_files=str(path.resolve()), split="train",
                                      cache_dir=str(cache_dir))
     except Exception as err:  # pyarrow / datasets say what is wrong with the file; name the file
+        if "corresponds to no data" in str(err):  # datasets' words for a file without rows
+            raise DataError(f"{path}: the file has no rows") from None
         raise DataError(f"{path}: cannot be read as {builder} ({type(err).__name__}: {str(err)[:300]})") from None
 
 
@@ -142,7 +149,11 @@ def load_folder(path: Path, split: str, key: str) -> Any:
     if not ((path / "dataset_info.json").is_file() or (path / "dataset_dict.json").is_file()):
         raise DataError(f"task.args.{key}: {path} is a folder but not a save_to_disk folder (no dataset_info.json "
                         f"or dataset_dict.json); give its data files instead (a glob such as {path}/*.parquet works)")
-    loaded = datasets.load_from_disk(str(path))
+    try:
+        loaded = datasets.load_from_disk(str(path))
+    except Exception as err:
+        raise DataError(f"{path}: cannot be read as a save_to_disk folder ({type(err).__name__}: {str(err)[:300]})"
+                        ) from None
     if isinstance(loaded, datasets.DatasetDict):
         if split not in loaded:
             raise DataError(f"task.args.{key}: {path} holds the splits {sorted(loaded)}, not {split!r}")
