@@ -11,3 +11,4 @@ from mmrl.tasks import spatial_ssrl  # noqa: F401
 from mmrl.tasks import curvebench  # noqa: F401
 from mmrl.tasks import vie  # noqa: F401
 from mmrl.tasks import driving  # noqa: F401
+from mmrl.tasks import data  # noqa: F401

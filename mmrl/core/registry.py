@@ -84,6 +84,7 @@ class Registry(Generic[T]):
 # Tasks and policies: the components a recipe names.
 
 TASK_ID = re.compile(r"^[a-z0-9_]+/[a-z0-9_.\-]+-v\d+$")
+TASK_ALIAS = re.compile(r"^[a-z0-9_]+$")
 
 
 BUILT_IN = "built-in"
@@ -111,6 +112,14 @@ def register_task(task_id: str, factory: Callable[[Any], Any], config: type) -> 
     if not TASK_ID.match(task_id):
         raise ValueError(f"task id {task_id!r} must look like 'family/name-v0'")
     TASKS.register(task_id, ComponentSpec(factory, config, _origin_of(factory)))
+
+
+def register_task_alias(alias: str, task_id: str) -> None:
+    """A short literal recipe name (``mixture``) for a registered versioned task (``data/mixture-v0``): the
+    same entry under a second key, so ``task: mixture`` builds the versioned task."""
+    if not TASK_ALIAS.match(alias):
+        raise ValueError(f"task alias {alias!r} must be one lower-case word (letters, digits, '_')")
+    TASKS.register(alias, TASKS.get(task_id))
 
 
 def register_policy(name: str, factory: Callable[[Any], Any], config: type) -> None:

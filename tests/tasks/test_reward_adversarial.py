@@ -44,14 +44,24 @@ def world_model(tmp_path_factory):
     return out
 
 
+DATA_ROWS = {"train_files": "assets/data/train.jsonl", "test_files": "assets/data/test.jsonl"}
+"""The example VQA rows (the data tasks have no default files); the verifier is the default ``exact``."""
+
+
 def task_args(task_id: str, request) -> dict:
     if task_id == "robot/wm_reach-v0":
         return {"image_size": 32, "world_model": str(request.getfixturevalue("world_model"))}
+    if task_id == "data/rows-v0":
+        return DATA_ROWS
+    if task_id in ("data/mixture-v0", "mixture"):
+        return {"sources": [{"name": "vqa", "task": "data/rows-v0", "args": DATA_ROWS},
+                            {"name": "shapes", "task": "vlm_sanity/shape_color-v0"}]}
     return {}
 
 
 def test_every_task_is_covered():
-    assert len(TASKS) >= 20 and {"vie/extract-v0", "driving/rift-v0", "robot/wm_reach-v0"} <= set(TASKS.names())
+    assert len(TASKS) >= 20 and {"vie/extract-v0", "driving/rift-v0", "robot/wm_reach-v0", "data/rows-v0",
+                                 "data/mixture-v0", "mixture"} <= set(TASKS.names())
 
 
 @pytest.mark.parametrize("task_id", TASKS.names())

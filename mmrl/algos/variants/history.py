@@ -5,7 +5,8 @@ Used by estimators that declare the ``"prompt_history"`` need (MSSR's per-prompt
 (so a prompt's own rollouts never enter its baseline twice) and adds the step's outcomes after.
 
 Key contract: an example is keyed by :func:`prompt_key`, which requires a frozen dataclass whose
-fields are plain values (str, int, float, bool, None, or tuples of them). The key is a digest of
+compared fields are plain values (str, int, float, bool, None, or tuples of them); fields declared with
+``compare=False`` (images, raw data riding along) are not part of the example's identity, nor of its key. The key is a digest of
 its type name and fields, stable across processes and runs (Python's ``hash`` of a str is not),
 so the history survives a checkpoint / ``--resume``.
 """
@@ -38,6 +39,8 @@ def prompt_key(example: Any) -> str:
                         f"{type(example).__name__}; make the task's example a @dataclass(frozen=True)")
     values = {}
     for f in dataclasses.fields(example):
+        if not f.compare:
+            continue
         value = getattr(example, f.name)
         if not _plain(value):
             raise TypeError(f"per-prompt history keys examples by their plain fields; {type(example).__name__}."
