@@ -127,7 +127,8 @@ def test_short_learning_check_behaviour_cloning(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe", ["vla_reach/tiny_cpu", "vla_reach/grpo_tiny_cpu", "vla_push/tiny_cpu"])
+@pytest.mark.parametrize("recipe", [pytest.param("vla_reach/tiny_cpu", marks=pytest.mark.learning),
+                                    "vla_reach/grpo_tiny_cpu", "vla_push/tiny_cpu"])
 def test_full_recipes_raise_held_out_success(tmp_path, recipe):
     cfg = load_config(recipe, ["log.tensorboard=false", "eval.extra_splits=[]", "checkpoint.every=0"])
     train(cfg, tmp_path / "run")
