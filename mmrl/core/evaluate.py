@@ -72,6 +72,26 @@ def pass_at_k(scores: torch.Tensor, example_index: torch.Tensor, num_examples: i
     return float((passes > 0).double().mean())
 
 
+def held_out_sets(task: Any, cfg: TrainConfig) -> list[tuple[str, list[Any]]]:
+    """The held-out examples of ``eval.split`` and of each of ``eval.extra_splits``, drawn once from
+    ``eval.seed`` (the same for every split and every evaluation of the run)."""
+    return [(split, task.sample_batch(split, cfg.eval.num_examples, np.random.default_rng(cfg.eval.seed)))
+            for split in (cfg.eval.split, *cfg.eval.extra_splits)]
+
+
+def evaluate_sets(policy: Policy, task: Any, cfg: TrainConfig, engine: Any, sets: Sequence[tuple[str, list[Any]]],
+                  step: int) -> tuple[dict[str, float], list[tuple[str, HeldOutSample]]]:
+    """Greedy held-out metrics: ``eval/<metric>`` on ``eval.split``, ``eval/<split>/<metric>`` on each of
+    ``eval.extra_splits``; and the first outputs of each split (for ``samples.jsonl`` and the trackers)."""
+    metrics, samples = {}, []
+    for index, (split, examples) in enumerate(sets):
+        prefix = "eval/" if index == 0 else f"eval/{split}/"
+        values, shown = held_out_metrics(policy, task, cfg, engine, examples, step, index)
+        metrics |= {prefix + key: value for key, value in values.items()}
+        samples += [(split, sample) for sample in shown]
+    return metrics, samples
+
+
 @torch.no_grad()
 def held_out_metrics(policy: Policy, task: Any, cfg: TrainConfig, engine: Any, all_examples: Sequence[Any], step: int,
                      index: int) -> tuple[dict[str, float], list[HeldOutSample]]:

@@ -3,6 +3,7 @@ a fresh π_old, and the reference policy's outputs for the KL term."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 
@@ -59,10 +60,16 @@ def select_output(reference: PolicyOutput | None, idx: Tensor) -> PolicyOutput |
                         std=None if reference.std is None else reference.std[idx])
 
 
-def reference_outputs(model: Policy, rollout: Rollout, size: int, autocast: Callable[[], AbstractContextManager],
-                      estimator: str, gaussian: bool) -> PolicyOutput:
-    """The reference policy ``model`` on the whole rollout: log-probs [N, T], with the Gaussian means / stds
-    of each decision when ``gaussian`` (closed-form KL estimators), on the CPU."""
-    if gaussian:
-        return gaussian_outputs(model, rollout, size, autocast, estimator)
-    return PolicyOutput(logp=forward_no_grad(model, rollout, size, autocast))
+def reference_outputs(mode: str, policy: Policy, ref: Policy | None, rollout: Rollout, size: int,
+                      autocast: Callable[[], AbstractContextManager], estimator: str, gaussian: bool
+                      ) -> PolicyOutput | None:
+    """The reference policy on the whole rollout (``trainer.ref_model``: the frozen ``ref`` copy, the
+    ``policy`` with its adapters disabled, or none): log-probs [N, T], with the Gaussian means / stds of
+    each decision when ``gaussian`` (closed-form KL estimators), on the CPU."""
+    if mode == "none":
+        return None
+    model = ref if mode == "copy" else policy
+    with policy.adapter_disabled() if mode == "adapter_disabled" else contextlib.nullcontext():
+        if gaussian:
+            return gaussian_outputs(model, rollout, size, autocast, estimator)
+        return PolicyOutput(logp=forward_no_grad(model, rollout, size, autocast))

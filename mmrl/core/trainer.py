@@ -8,7 +8,6 @@ how rows are drawn or add loss terms with data of their own are hooks (:mod:`mmr
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import time
 from pathlib import Path
@@ -29,7 +28,7 @@ from mmrl.core import interrupt
 from mmrl.core.config import ConfigError, TrainConfig, dump_config
 from mmrl.core.contracts import Policy, PolicyOutput
 from mmrl.core.engine import Engine, set_threads
-from mmrl.core.evaluate import held_out_metrics, verify
+from mmrl.core.evaluate import evaluate_sets, held_out_sets, verify
 from mmrl.core.guards import NonFiniteGuard
 from mmrl.core.logging import RunLogger
 from mmrl.core.objective import MicroInputs, micro_loss
@@ -67,8 +66,7 @@ class Trainer:
         self.engine.accelerator.register_for_checkpointing(self.scheduler)  # stepped by us, saved with the state
         self.policy: Policy = self.engine.unwrap(self.model)
         self.data_rng = np.random.default_rng(t.seed)
-        self.eval_sets = [(split, self.task.sample_batch(split, cfg.eval.num_examples, np.random.default_rng(cfg.eval.seed)))
-                          for split in (cfg.eval.split, *cfg.eval.extra_splits)]
+        self.eval_sets = held_out_sets(self.task, cfg)
         self.step, self.guard = 0, NonFiniteGuard(self.engine, t.max_skipped_frac)
         self.needs = algo_needs(cfg.algo)  # what the estimator / shaping hooks need beyond the core inputs
         ctx = HookContext(cfg, self.policy, self.model, self.task, self.engine, self.score,
@@ -106,7 +104,8 @@ class Trainer:
             self.guard.check(self.step, self.step * cfg.trainer.ppo_epochs * cfg.trainer.minibatches,
                              self.out / "metrics.jsonl")
             stop = self.engine.any(interrupt.requested())  # SIGINT / SIGTERM: checkpoint, then stop
-            if stop or self.step == cfg.trainer.steps or (cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0):
+            every = cfg.checkpoint.every
+            if stop or self.step == cfg.trainer.steps or (every and self.step % every == 0):
                 self.save_checkpoint()
             if stop and self.step < cfg.trainer.steps:
                 self.logger.close()
@@ -128,12 +127,14 @@ class Trainer:
             batch.stats |= hook.metrics()
         batch.stats |= {key: eng.mean(value) for key, value in self.sampler_stats.items()}
         batch.stats |= {"rollout/len_mean": eng.mean(batch.rollout.lengths.float().mean()),
-                        "rollout/generated": eng.sum(self.drawn), "rollout/trained_rows": eng.sum(batch.rollout.num_rows)}
+                        "rollout/generated": eng.sum(self.drawn),
+                        "rollout/trained_rows": eng.sum(batch.rollout.num_rows)}
         return batch
 
     def collect_round(self, index: int) -> Scored:
         cfg, eng = self.cfg, self.engine
-        examples = self.task.sample_batch("train", cfg.rollout.prompts_per_step, self.data_rng)[eng.rank::eng.world_size]
+        examples = self.task.sample_batch("train", cfg.rollout.prompts_per_step, self.data_rng)
+        examples = examples[eng.rank::eng.world_size]
         sampling = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_new_tokens)
         round_ = Round(index, sampling, derive_seed(cfg.trainer.seed, self.step, index, eng.rank), self.draw)
         for _, hook in self.rollout_hooks:
@@ -165,7 +166,9 @@ class Trainer:
     # -- advantages: estimator, then shaping hooks; the reference policy's outputs when one is kept -----------
     def advantages(self, batch: Scored) -> tuple[Tensor, Tensor | None, PolicyOutput | None]:
         a, rollout = self.cfg.algo, batch.rollout
-        reference = self.reference_outputs(rollout)
+        t, estimator = self.cfg.trainer, a.kl_estimator  # the reference on the whole rollout, once per step
+        reference = reference_outputs(t.ref_model, self.policy, self.ref, rollout, t.micro_batch_size,
+                                      self.engine.autocast, estimator, estimator in GAUSSIAN_KL_ESTIMATORS)
         ref_logp = None if reference is None else reference.logp
         kl = (rollout.logp - ref_logp) * rollout.mask if ref_logp is not None else None
         inputs = AdvantageInputs(rewards=batch.rewards, mask=rollout.mask, group_id=rollout.group_id,
@@ -178,16 +181,6 @@ class Trainer:
         for hook in a.shaping:
             advantages = SHAPING_HOOKS.get(hook)(advantages, ctx, a)
         return advantages, returns, reference
-
-    def reference_outputs(self, rollout: Rollout) -> PolicyOutput | None:
-        """The reference policy on the whole rollout, once per step (on the CPU, sliced per micro-batch)."""
-        mode, estimator = self.cfg.trainer.ref_model, self.cfg.algo.kl_estimator
-        if mode == "none":
-            return None
-        with self.policy.adapter_disabled() if mode == "adapter_disabled" else contextlib.nullcontext():
-            return reference_outputs(self.ref if mode == "copy" else self.policy, rollout,
-                                     self.cfg.trainer.micro_batch_size, self.engine.autocast, estimator,
-                                     estimator in GAUSSIAN_KL_ESTIMATORS)
 
     def no_grad_forward(self, model: Policy, rollout: Rollout, entropy: bool = False) -> Tensor:
         return forward_no_grad(model, rollout, self.cfg.trainer.micro_batch_size, self.engine.autocast, entropy)
@@ -232,7 +225,7 @@ class Trainer:
                         loss, terms = self.micro_loss(MicroInputs(
                             index, rollout.select(idx), idx, logp_old[idx], advantages[idx],
                             None if returns is None else returns[idx], select_output(reference, idx), denominators))
-                        eng.backward(loss * eng.world_size)  # DDP averages gradients over processes; the loss is a global sum
+                        eng.backward(loss * eng.world_size)  # DDP averages over processes; the loss is a global sum
                     tokens = float(rollout.mask[idx].sum())
                     tokens_seen += tokens
                     for key, value in terms.items():
@@ -258,25 +251,21 @@ class Trainer:
         return loss, terms
 
     def optimizer_step(self) -> float:
-        norm, stepped = self.guard.optimizer_step(self.model, self.optimizer, self.scheduler, self.cfg.trainer.grad_clip)
+        t = self.cfg.trainer
+        norm, stepped = self.guard.optimizer_step(self.model, self.optimizer, self.scheduler, t.grad_clip)
         self.policy.version += stepped
         return norm
 
     # -- evaluation and checkpoints ------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
-        """Greedy held-out metrics: ``eval/<metric>`` on ``eval.split``, ``eval/<split>/<metric>`` on each of
-        ``eval.extra_splits``; the first outputs of each go to ``samples.jsonl`` and the trackers."""
-        metrics, samples = {}, []
-        for index, (split, examples) in enumerate(self.eval_sets):
-            prefix = "eval/" if index == 0 else f"eval/{split}/"
-            values, shown = held_out_metrics(self.policy, self.task, self.cfg, self.engine, examples, self.step, index)
-            metrics |= {prefix + key: value for key, value in values.items()}
-            samples += [(split, sample) for sample in shown]
+        """Held-out metrics (:func:`mmrl.core.evaluate.evaluate_sets`); sample outputs to the logger."""
+        metrics, samples = evaluate_sets(self.policy, self.task, self.cfg, self.engine, self.eval_sets, self.step)
         self.logger.log_samples(self.step, samples)
         return metrics
 
     def save_checkpoint(self) -> None:
-        state = {"step": self.step, "policy_version": self.policy.version, "skipped_updates": self.guard.skipped_updates,
+        state = {"step": self.step, "policy_version": self.policy.version,
+                 "skipped_updates": self.guard.skipped_updates,
                  "data_rng": self.data_rng.bit_generator.state, "config_fingerprint": ckpt.config_fingerprint(self.cfg),
                  "hooks": {name: hook.state_dict() for name, hook in self.rollout_hooks}}
         ckpt.save(self.engine, self.policy, self.out, self.step, state, self.cfg.checkpoint.keep_last)
