@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -277,75 +278,85 @@ def report(line: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_with_overrides(build_parser(), argv)
+    return reported(lambda: dispatch(args), f"mmrl {args.command}")
+
+
+def dispatch(args: argparse.Namespace) -> None:
+    if args.command == "train":
+        run_train(args)
+    elif args.command in ("sft", "bc"):
+        run_warm_start(args)
+    elif args.command == "init-model":
+        from mmrl.models.tiny_vlm import init_model
+
+        print(f"model saved to {init_model(args.spec, args.out, args.seed)}")
+    elif args.command == "export":
+        from mmrl.policies.lora import merge_and_export
+
+        print(f"plain Hugging Face checkpoint saved to {merge_and_export(args.policy_dir, args.out)}")
+    elif args.command == "eval":
+        from mmrl.core.evaluate import run_eval
+        from mmrl.core.registry import import_plugins
+
+        import_plugins(args.imports, "--import")
+        print(run_eval(args))
+    elif args.command == "list":
+        from mmrl.core.registry import import_plugins
+
+        import_plugins(args.imports, "--import")
+        print(list_components())
+    elif args.command == "train-world-model":
+        from mmrl.envs.world_model.training import run_train_world_model
+
+        print(run_train_world_model(args))
+    elif args.command == "doctor":
+        from mmrl.envs.robot.doctor import diagnose
+
+        print(diagnose())
+    elif args.command == "plot":
+        from mmrl.experiments.plotting import plot_run
+
+        print(plot_run(args.run))
+    elif args.command == "pretrain-imagegen":
+        from mmrl.models.imagegen_pretrain import run_pretrain
+
+        print(run_pretrain(args))
+    elif args.command == "sample":
+        from mmrl.experiments.imagegen_sample import run_sample
+
+        print(run_sample(args))
+    elif args.command == "sweep":
+        from mmrl.core.registry import import_plugins
+        from mmrl.experiments.sweep import parse_sweep_arguments, run_sweep
+
+        import_plugins(args.imports, "--import")
+        table = run_sweep(args.recipe, parse_sweep_arguments(args.overrides), args.out, args.pass_k, args.imports)
+        print(table.read_text())
+    elif args.command == "extrapolate":
+        from mmrl.experiments.extrapolate import run_extrapolate
+
+        print(run_extrapolate(args.run, args.observe, args.target, args.out, args.overwrite))
+
+
+def reported(run: Callable[[], object], prog: str) -> int:
+    """Run a command; what went wrong that is not a bug is one line on stderr and an exit code: 2 for the
+    user's input, 1 for a full disk or a run that stopped learning, 130 / 143 for SIGINT / SIGTERM."""
     try:
-        if args.command == "train":
-            run_train(args)
-        elif args.command in ("sft", "bc"):
-            run_warm_start(args)
-        elif args.command == "init-model":
-            from mmrl.models.tiny_vlm import init_model
-
-            print(f"model saved to {init_model(args.spec, args.out, args.seed)}")
-        elif args.command == "export":
-            from mmrl.policies.lora import merge_and_export
-
-            print(f"plain Hugging Face checkpoint saved to {merge_and_export(args.policy_dir, args.out)}")
-        elif args.command == "eval":
-            from mmrl.core.evaluate import run_eval
-            from mmrl.core.registry import import_plugins
-
-            import_plugins(args.imports, "--import")
-            print(run_eval(args))
-        elif args.command == "list":
-            from mmrl.core.registry import import_plugins
-
-            import_plugins(args.imports, "--import")
-            print(list_components())
-        elif args.command == "train-world-model":
-            from mmrl.envs.world_model.training import run_train_world_model
-
-            print(run_train_world_model(args))
-        elif args.command == "doctor":
-            from mmrl.envs.robot.doctor import diagnose
-
-            print(diagnose())
-        elif args.command == "plot":
-            from mmrl.experiments.plotting import plot_run
-
-            print(plot_run(args.run))
-        elif args.command == "pretrain-imagegen":
-            from mmrl.models.imagegen_pretrain import run_pretrain
-
-            print(run_pretrain(args))
-        elif args.command == "sample":
-            from mmrl.experiments.imagegen_sample import run_sample
-
-            print(run_sample(args))
-        elif args.command == "sweep":
-            from mmrl.core.registry import import_plugins
-            from mmrl.experiments.sweep import parse_sweep_arguments, run_sweep
-
-            import_plugins(args.imports, "--import")
-            table = run_sweep(args.recipe, parse_sweep_arguments(args.overrides), args.out, args.pass_k, args.imports)
-            print(table.read_text())
-        elif args.command == "extrapolate":
-            from mmrl.experiments.extrapolate import run_extrapolate
-
-            print(run_extrapolate(args.run, args.observe, args.target, args.out, args.overwrite))
+        run()
     except USER_ERRORS as err:
-        report(f"mmrl {args.command}: error: {err}")
+        report(f"{prog}: error: {err}")
         return 2
     except DiskFullError as err:
-        report(f"mmrl {args.command}: error: {err.strerror}")
+        report(f"{prog}: error: {err.strerror}")
         return 1
     except TrainingDiverged as err:
-        report(f"mmrl {args.command}: error: {err}")
+        report(f"{prog}: error: {err}")
         return 1
     except TrainingInterrupted as stopped:
         report(str(stopped))
         return stopped.exit_code
     except KeyboardInterrupt:
-        report(f"mmrl {args.command}: interrupted")
+        report(f"{prog}: interrupted")
         return 130
     return 0
 
@@ -355,24 +366,7 @@ def script_main(default_recipe: str, description: str, argv: list[str] | None = 
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_train_arguments(parser, default_recipe=default_recipe)
     args = parse_with_overrides(parser, argv)
-    try:
-        run_train(args)
-    except USER_ERRORS as err:
-        report(f"{parser.prog}: error: {err}")
-        return 2
-    except DiskFullError as err:
-        report(f"{parser.prog}: error: {err.strerror}")
-        return 1
-    except TrainingDiverged as err:
-        report(f"{parser.prog}: error: {err}")
-        return 1
-    except TrainingInterrupted as stopped:
-        report(str(stopped))
-        return stopped.exit_code
-    except KeyboardInterrupt:
-        report(f"{parser.prog}: interrupted")
-        return 130
-    return 0
+    return reported(lambda: run_train(args), parser.prog)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from typing import Any
 from PIL import Image, UnidentifiedImageError
 
 from mmrl.core.contracts import DataError
+from mmrl.tasks.curvebench.examples import LoadedExample
 from mmrl.tasks.curvebench.trees import canonical_parents, rooted_tree_problem
 
 COLUMNS = ("image", "num_nodes", "tree")
@@ -47,8 +48,6 @@ def _open_image(value: Any, base: Path, where: str) -> Image.Image:
 
 
 def _row_example(row: dict[str, Any], base: Path, where: str, category: str, system: str | None):
-    from mmrl.tasks.curvebench.task import LoadedExample
-
     missing = [c for c in COLUMNS if c not in row]
     if missing:
         raise DataError(f"{where}: missing column(s) {missing}; a CurveBench row has {list(COLUMNS)}")

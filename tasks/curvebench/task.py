@@ -24,6 +24,7 @@ import numpy as np
 from PIL import Image
 
 from mmrl.core.contracts import IMAGE_PLACEHOLDER, RewardResult
+from mmrl.tasks.curvebench.examples import USER_PROMPT, LoadedExample
 from mmrl.tasks.curvebench.curves import (CATEGORIES, STYLES, Curve, LayoutError, Pen, _needed_radius, _pack_radius,
                                           draw_curves, layout, layout_problem)
 from mmrl.tasks.curvebench.trees import (Parents, all_topologies, answer_text, canonical_parents, children_map,
@@ -38,7 +39,6 @@ SYSTEM_PROMPT = (
     "(v is the parent, u is the child). Example: <answer>\n3\n1 0\n2 0\n3 1\n</answer> "
     "Format: <think>[reasoning]</think> followed by <answer>...</answer>")
 """The published training system prompt (examples/prompts.py, seed_tasks.md §2.2), condensed."""
-USER_PROMPT = "Construct the region-adjacency tree for this image of non-crossing closed curves."
 HARD_CATEGORIES = ("polygon", "topographic", "maze", "counting")
 SPLITS = ("train", "test")
 TEST_SEED_START = 2 ** 31
@@ -87,25 +87,6 @@ class CurveExample:
     @property
     def images(self) -> tuple[Image.Image, ...]:
         return (draw_curves(self.curves, self.parents, self.image_size),)
-
-
-@dataclass(frozen=True)
-class LoadedExample:
-    """One row of a local copy of the published dataset (``local.py``)."""
-
-    category: str
-    name: str
-    parents: Parents
-    image: Image.Image
-    system: str | None = None
-
-    @property
-    def prompt(self) -> str:
-        return f"{IMAGE_PLACEHOLDER}{USER_PROMPT}"
-
-    @property
-    def images(self) -> tuple[Image.Image, ...]:
-        return (self.image,)
 
 
 def hard_tree(category: str, rng: np.random.Generator) -> Parents:
