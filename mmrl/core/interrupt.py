@@ -9,6 +9,7 @@ A second signal stops at once, the default way (the previous checkpoint stays; c
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import sys
@@ -48,10 +49,24 @@ def _handle(signum: int, frame) -> None:
               f"(again to stop at once)", file=sys.stderr, flush=True)
 
 
+def die_with_launcher() -> None:
+    """Under a launcher (``accelerate launch`` / ``torchrun`` set ``LOCAL_RANK``), have Linux send this worker
+    SIGTERM when the launcher dies: killing the launcher then stops its workers at a step boundary, with a
+    checkpoint, instead of leaving them running in their own process groups."""
+    if "LOCAL_RANK" not in os.environ or not sys.platform.startswith("linux"):
+        return
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
+    if os.getppid() == 1:  # the launcher died before the request took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 @contextlib.contextmanager
 def stop_at_step_boundary() -> Iterator[None]:
-    """While active, SIGINT / SIGTERM ask the trainer to stop at the next step boundary."""
+    """While active, SIGINT / SIGTERM ask the trainer to stop at the next step boundary (also the SIGTERM a
+    worker gets when its launcher dies)."""
     previous = {s: signal.signal(s, _handle) for s in SIGNALS}
+    die_with_launcher()
     _received.clear()
     try:
         yield

@@ -141,3 +141,52 @@ def test_two_processes_without_accelerate_use_cpu_is_one_line_from_rank_0(tmp_pa
     assert ours == ["mmrl train: error: launched with WORLD_SIZE=2 but accelerate sees one process; on CPU set "
                     "ACCELERATE_USE_CPU=true (see configs/accelerate/cpu_2proc.yaml)"], proc.stderr[-4000:]
     assert not (tmp_path / "run").exists()
+
+
+def processes_naming(text: str) -> list[int]:
+    """PIDs of the live processes whose command line contains ``text``."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                state = (entry / "stat").read_text().split(")")[-1].split()[0]
+            except OSError:
+                continue
+            if text in cmdline and state != "Z":
+                pids.append(int(entry.name))
+    return pids
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
+def test_killing_the_launcher_stops_its_workers_with_a_checkpoint(tmp_path):
+    """SIGKILL to `accelerate launch` alone (as when a job's shell dies): its two workers get SIGTERM from
+    the kernel, save a checkpoint at the next step boundary and exit, instead of training on unowned."""
+    import signal
+    import time
+
+    out = tmp_path / "orphans"
+    cmd = [*launch_two(free_port()), "-m", "mmrl.cli", "train", "configs/sanity/tiny_cpu.yaml", "trainer.steps=500",
+           "rollout.prompts_per_step=8", "rollout.group_size=4", "warm_start.sft_steps=5", "eval.every=0",
+           "eval.num_examples=8", "checkpoint.every=0", "log.progress=false", "log.tensorboard=false",
+           "--out", str(out), "--no-plot"]
+    launcher = subprocess.Popen(cmd, cwd=ROOT, env=env_for(tmp_path), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 240
+        while not ((out / "metrics.jsonl").is_file() and len((out / "metrics.jsonl").read_text().splitlines()) >= 3):
+            assert launcher.poll() is None and time.monotonic() < deadline, "training did not start"
+            time.sleep(0.5)
+        assert len(processes_naming(str(out))) >= 3  # the launcher and its two workers
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait()
+        killed = time.monotonic()
+        while processes_naming(str(out)) and time.monotonic() < killed + 15:
+            time.sleep(0.2)
+        # Without the death signal they trained on unowned for ~45 s, until a collective timed out.
+        assert not processes_naming(str(out)), "the workers outlived their launcher by 15 s"
+    finally:
+        for pid in processes_naming(str(out)):
+            os.kill(pid, signal.SIGKILL)
+    steps = sorted(int(p.name.split("_")[1]) for p in (out / "checkpoints").glob("step_*"))
+    assert steps and steps[-1] >= 2, steps  # saved at a step boundary after the launcher died
