@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import subprocess
 import sys
@@ -43,3 +44,15 @@ def test_the_worked_examples_run_as_printed():
     assert all(len(block.strip().splitlines()) < 30 for block in blocks)  # the doc's promise: under 30 lines each
     done = subprocess.run([sys.executable, "-c", "\n".join(blocks) + CHECK], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
+def test_no_module_sits_in_an_import_cycle():
+    """docs/architecture.md's promise, lazy imports included (scripts/results/import_cycles.py)."""
+    spec = importlib.util.spec_from_file_location("import_cycles", DOC.parents[1] / "scripts/results/import_cycles.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    graph = module.import_graph(DOC.parents[1])
+    assert len(graph) > 100 and module.cycles(graph) == []
+    graph["mmrl.core.rollout"].add("mmrl.core.trainer")  # a planted upward import is found
+    assert ["mmrl.core.rollout", "mmrl.core.trainer"] in [sorted(set(c) & {"mmrl.core.rollout", "mmrl.core.trainer"})
+                                                        for c in module.cycles(graph)]
