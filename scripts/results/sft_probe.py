@@ -5,10 +5,11 @@ several N, in one run.
     OMP_NUM_THREADS=1 python scripts/results/sft_probe.py configs/spatial_ssrl/tiny_cpu.yaml \\
         task.args.image_size=56 --at 120 280
 
-Recipe overrides come before ``--at``. The steps are the recipe's own warm start (``mmrl.core.warm_start.sft``): the same generator seed
-(``warm_start.seed``), data order, batch size, learning rate and optional vision pretraining, run on
-to the largest ``--at``. So at the recipe's ``warm_start.sft_steps`` the weights are the warm start
-RL starts from, and later steps are the "continue SFT instead of RL" baseline with the same
+Recipe overrides come before ``--at``. The steps are the recipe's own warm start
+(``mmrl.core.warm_start.sft``): the same generator seed (``warm_start.seed``), data order, batch
+size, learning rate and optional vision pretraining, run on to the largest ``--at``. So at the
+recipe's ``warm_start.sft_steps`` the weights are the warm start RL starts from (for the same
+``OMP_NUM_THREADS``), and later steps are the "continue SFT instead of RL" baseline with the same
 optimizer. With ``task.args`` overrides it asks whether a setting is learnable by supervision at all.
 
 Held-out set: the trainer's (``eval.num_examples`` examples of ``eval.split`` drawn with
