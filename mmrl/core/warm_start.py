@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 import os
 import shutil
 from pathlib import Path
@@ -102,8 +103,13 @@ def export_warm_start(cfg: TrainConfig, out: str | Path, overwrite: bool = False
     return out
 
 
-def sft(policy: Policy, cfg: TrainConfig) -> list[float]:
-    """``warm_start.sft_steps`` AdamW steps of supervised fine-tuning on reference outputs."""
+def sft(policy: Policy, cfg: TrainConfig, steps: int | None = None,
+        on_step: Callable[[int, float], None] | None = None) -> list[float]:
+    """``warm_start.sft_steps`` (or ``steps``) AdamW steps of supervised fine-tuning on reference outputs.
+
+    ``on_step(step, loss)`` is called once before the first step (step 0, loss NaN: after any vision
+    pretraining) and after each step: learning-curve probes evaluate there (scripts/results/sft_probe.py),
+    on exactly the steps the warm start takes."""
     task = make_task(cfg.task.name, cfg.task.args)
     ws = cfg.warm_start
     rng = np.random.default_rng(ws.seed)
@@ -111,9 +117,12 @@ def sft(policy: Policy, cfg: TrainConfig) -> list[float]:
         pretrain_vision(policy, task, cfg, rng)
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=ws.lr)
     losses = []
+    if on_step is not None:
+        on_step(0, float("nan"))
     policy.train()
-    bar = tqdm(range(ws.sft_steps), desc="warm start (SFT)", disable=not cfg.log.progress, dynamic_ncols=True)
-    for _ in bar:
+    bar = tqdm(range(ws.sft_steps if steps is None else steps), desc="warm start (SFT)",
+               disable=not cfg.log.progress, dynamic_ncols=True)
+    for step in bar:
         examples = task.sample_batch("train", ws.batch_size, rng)
         loss = policy.sft_loss(examples, [task.reference_output(ex) for ex in examples])
         optimizer.zero_grad(set_to_none=True)
@@ -121,6 +130,9 @@ def sft(policy: Policy, cfg: TrainConfig) -> list[float]:
         optimizer.step()
         losses.append(loss.item())
         bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
+        if on_step is not None:
+            on_step(step + 1, losses[-1])
+            policy.train()
     optimizer.zero_grad(set_to_none=True)  # no stale gradients may reach the RL optimizer
     return losses
 

@@ -23,6 +23,7 @@ Recipe overrides come before ``--at``; ``warm_start.vision_steps`` is always set
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from typing import Any
 
@@ -31,6 +32,7 @@ import torch
 
 from mmrl.core.config import TrainConfig, load_config
 from mmrl.core.registry import make_policy, make_task
+from mmrl.core.warm_start import sft
 
 RECIPE = "configs/curvebench/tiny_cpu.yaml"
 
@@ -106,22 +108,17 @@ def decision_spread(policy: Any, task: Any, examples: list[Any]) -> dict[str, fl
 
 def sft_spreads(cfg: TrainConfig, at: list[int], n_images: int) -> list[dict[str, float]]:
     """Part 2: the recipe's SFT (no vision pretraining), the spread after each step count in ``at``."""
+    cfg = dataclasses.replace(cfg, warm_start=dataclasses.replace(cfg.warm_start, vision_steps=0))
     task, policy = make_task(cfg.task.name, cfg.task.args), make_policy(cfg.policy.name, cfg.policy.args)
-    ws = cfg.warm_start
     examples = task.sample_batch("test", n_images, np.random.default_rng(cfg.eval.seed))
-    rng = np.random.default_rng(ws.seed)
-    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=ws.lr)
-    policy.train()
     rows = []
-    for step in range(1, max(at) + 1):
-        batch = task.sample_batch("train", ws.batch_size, rng)
-        loss = policy.sft_loss(batch, [task.reference_output(ex) for ex in batch])
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        if step in at:
+
+    def measure(step: int, loss: float) -> None:
+        if step in at and step > 0:
             rows.append({"sft_steps": step, **decision_spread(policy, task, examples)})
             print(json.dumps({k: round(v, 4) for k, v in rows[-1].items()}), flush=True)
+
+    sft(policy, cfg, steps=max(at), on_step=measure)
     return rows
 
 

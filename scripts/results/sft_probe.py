@@ -33,7 +33,7 @@ from mmrl.core.config import TrainConfig, load_config
 from mmrl.core.evaluate import rollout_metrics, verify
 from mmrl.core.registry import make_policy, make_task
 from mmrl.core.rollout import SamplingParams
-from mmrl.core.warm_start import pretrain_vision
+from mmrl.core.warm_start import sft
 
 
 @torch.no_grad()
@@ -49,25 +49,14 @@ def held_out(policy: Any, task: Any, cfg: TrainConfig, examples: list[Any]) -> d
 def sft_curve(cfg: TrainConfig, at: list[int]) -> list[dict[str, float]]:
     """Run the recipe's supervised warm start to ``max(at)`` steps, evaluating after each step in ``at``."""
     task, policy = make_task(cfg.task.name, cfg.task.args), make_policy(cfg.policy.name, cfg.policy.args)
-    ws = cfg.warm_start
     examples = task.sample_batch(cfg.eval.split, cfg.eval.num_examples, np.random.default_rng(cfg.eval.seed))
-    rng = np.random.default_rng(ws.seed)
-    start = time.perf_counter()
-    if ws.vision_steps > 0:
-        pretrain_vision(policy, task, cfg, rng)
-    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=ws.lr)
-    policy.train()
-    rows = []
-    if 0 in at:
-        rows.append(report(0, held_out(policy, task, cfg, examples), start))
-    for step in range(1, max(at) + 1):
-        batch = task.sample_batch("train", ws.batch_size, rng)
-        loss = policy.sft_loss(batch, [task.reference_output(ex) for ex in batch])
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+    start, rows = time.perf_counter(), []
+
+    def evaluate(step: int, loss: float) -> None:
         if step in at:
-            rows.append(report(step, held_out(policy, task, cfg, examples) | {"loss": loss.item()}, start))
+            rows.append(report(step, held_out(policy, task, cfg, examples) | ({"loss": loss} if step else {}), start))
+
+    sft(policy, cfg, steps=max(at), on_step=evaluate)
     return rows
 
 
