@@ -56,6 +56,12 @@ class RolloutConfig:
     parameters (PSN-RLVR, arXiv 2602.02555); needs ``trainer.recompute_logp_old`` and ``algo.tis_cap``
     (truncated IS back to the unperturbed policy). 0: off."""
 
+    seed_per_example: bool = False
+    """Sample each example's group with a seed of its own, derived from the run seed, the step, the round
+    and the example's position in the global batch: any number of processes then draws the same rollouts,
+    and a 2-process run equals the 1-process run up to float reduction order. Off (default): one seed per
+    process and round, sampling all of a process's examples in one batch (faster)."""
+
     @property
     def samples_per_group(self) -> int:
         """Rows sampled per example: ``group_size`` less the injected ``reference_rows``."""

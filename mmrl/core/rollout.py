@@ -10,7 +10,7 @@ policy needs to re-score the same decisions with gradients (token ids, latents, 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -131,3 +131,14 @@ class Rollout:
 
     def replace(self, **changes: Any) -> Rollout:
         return dataclasses.replace(self, **changes)
+
+
+def draw_per_example(draw: Callable[[Sequence[Any], int, SamplingParams, int], Rollout], examples: Sequence[Any],
+                     group_size: int, sampling: SamplingParams, seeds: Sequence[int]) -> Rollout:
+    """``draw(examples, group_size, sampling, seed)`` once per example with that example's seed, the rows
+    renumbered to the examples' positions: what an example's group is does not depend on the others."""
+    parts = []
+    for i, (example, seed) in enumerate(zip(examples, seeds, strict=True)):
+        part = draw([example], group_size, sampling, seed)
+        parts.append(part.replace(example_index=part.example_index + i, group_id=part.group_id + i))
+    return Rollout.concat(parts)

@@ -35,7 +35,7 @@ from mmrl.core.objective import MicroInputs, micro_loss
 from mmrl.core.trackers import open_trackers
 from mmrl.core.registry import make_task
 from mmrl.core.rescoring import forward_no_grad, reference_outputs, select_output
-from mmrl.core.rollout import Rollout, SamplingParams, derive_seed
+from mmrl.core.rollout import Rollout, SamplingParams, derive_seed, draw_per_example
 from mmrl.core.run_folder import prepare_out_dir, release_lock
 from mmrl.core.optim import build_optimizer
 from mmrl.core.scored import Scored, finite_outcomes, reward_stats
@@ -139,7 +139,13 @@ class Trainer:
         round_ = Round(index, sampling, derive_seed(cfg.trainer.seed, self.step, index, eng.rank), self.draw)
         for _, hook in self.rollout_hooks:
             hook.begin_round(examples)
-        part = self.score(self.draw(examples, cfg.rollout.samples_per_group, sampling, round_.seed), examples)
+        if cfg.rollout.seed_per_example:  # seeds from global positions: the same rows for any process count
+            seeds = [derive_seed(cfg.trainer.seed, self.step, index, 1 << 20, eng.rank + k * eng.world_size)
+                     for k in range(len(examples))]
+            rollout = draw_per_example(self.draw, examples, cfg.rollout.samples_per_group, sampling, seeds)
+        else:
+            rollout = self.draw(examples, cfg.rollout.samples_per_group, sampling, round_.seed)
+        part = self.score(rollout, examples)
         for _, hook in self.rollout_hooks:
             part = hook.refine(part, round_)
         return part

@@ -190,3 +190,23 @@ def test_killing_the_launcher_stops_its_workers_with_a_checkpoint(tmp_path):
             os.kill(pid, signal.SIGKILL)
     steps = sorted(int(p.name.split("_")[1]) for p in (out / "checkpoints").glob("step_*"))
     assert steps and steps[-1] >= 2, steps  # saved at a step boundary after the launcher died
+
+
+def test_seed_per_example_makes_two_processes_draw_the_one_process_rollouts(tmp_path):
+    """rollout.seed_per_example: every example's group is sampled with a seed from its global position, so
+    `accelerate launch` with 2 processes trains on the rollouts of the 1-process run (the step-1 rewards are
+    equal: same weights, same samples) and the runs agree up to float reduction order afterwards."""
+    env = env_for(tmp_path)
+    args = ["configs/sanity/tiny_cpu.yaml", "trainer.steps=3", "rollout.prompts_per_step=8", "rollout.group_size=4",
+            "warm_start.sft_steps=5", "eval.num_examples=16", "eval.every=0", "checkpoint.every=0",
+            "log.progress=false", "log.tensorboard=false", "rollout.seed_per_example=true", "--no-plot"]
+    run([sys.executable, "-m", "mmrl.cli", "train", *args, "--out", str(tmp_path / "one")], env)
+    run([*launch_two(free_port()), "-m", "mmrl.cli", "train", *args, "--out", str(tmp_path / "two")], env)
+    one, two = ([json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+                for name in ("one", "two"))
+    assert [r["step"] for r in one] == [r["step"] for r in two] == [0, 1, 2, 3]
+    assert one[1]["reward/mean"] == pytest.approx(two[1]["reward/mean"], abs=1e-6)
+    assert one[1]["rollout/len_mean"] == pytest.approx(two[1]["rollout/len_mean"], abs=1e-6)
+    for a, b in zip(one[2:], two[2:]):
+        assert a["reward/mean"] == pytest.approx(b["reward/mean"], abs=1e-4), (a, b)
+    assert one[-1]["eval/reward_mean"] == pytest.approx(two[-1]["eval/reward_mean"], abs=1e-4)
