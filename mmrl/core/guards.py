@@ -2,8 +2,8 @@
 
 - A non-finite reward is replaced by its group's finite mean (:func:`mmrl.core.scored.finite_outcomes`):
   that row carries no signal, the rest of its group still trains, and the count is logged.
-- A non-finite token log-prob (a diverged forward pass) makes the update's gradient non-finite: the
-  update is skipped (the optimizer never sees it), and the count is logged.
+- A non-finite token log-prob (a diverged forward pass), a non-finite loss or a non-finite gradient norm
+  skips the minibatch's update (the optimizer never sees it; on every process), and the count is logged.
 - Each kind is said once on the console; when more than ``trainer.max_skipped_frac`` of the updates so
   far were skipped, the run stops with :class:`TrainingDiverged` instead of running on without learning.
 """
@@ -26,13 +26,14 @@ class TrainingDiverged(RuntimeError):
 
 
 class NonFiniteGuard:
+    """The run's counts of non-finite rewards, log-probs and skipped updates, and what is done about them."""
+
     def __init__(self, engine: Any, max_skipped_frac: float):
         self.engine, self.max_skipped_frac = engine, max_skipped_frac
         self.counts = dict.fromkeys(NONFINITE_KINDS, 0)  # this step's, this process's
         self.skipped_updates = 0  # the run's (checkpointed)
         self.warned: set[str] = set()
         self.poisoned = False  # the current minibatch met a non-finite log-prob or loss
-
 
     def new_step(self) -> None:
         self.counts = dict.fromkeys(NONFINITE_KINDS, 0)
