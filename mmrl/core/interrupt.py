@@ -51,8 +51,9 @@ def _handle(signum: int, frame) -> None:
 
 def die_with_launcher() -> None:
     """Under a launcher (``accelerate launch`` / ``torchrun`` set ``LOCAL_RANK``), have Linux send this worker
-    SIGTERM when the launcher dies: killing the launcher then stops its workers at a step boundary, with a
-    checkpoint, instead of leaving them running in their own process groups."""
+    SIGTERM when the launcher dies: killing the launcher then stops its workers at the next step boundary
+    (with a checkpoint when they can still agree on it: the rendezvous store may have died with the
+    launcher) instead of leaving them training in their own process groups until a collective times out."""
     if "LOCAL_RANK" not in os.environ or not sys.platform.startswith("linux"):
         return
     pr_set_pdeathsig = 1
