@@ -12,8 +12,16 @@ from mmrl.tasks.curvebench.trees import Parents
 USER_PROMPT = "Construct the region-adjacency tree for this image of non-crossing closed curves."
 
 
+class CurveQuestion:
+    """The published question about an example's one image (mixed into both example kinds)."""
+
+    @property
+    def prompt(self) -> str:
+        return f"{IMAGE_PLACEHOLDER}{USER_PROMPT}"
+
+
 @dataclass(frozen=True)
-class LoadedExample:
+class LoadedExample(CurveQuestion):
     """One row of a local copy of the published dataset (``local.py``)."""
 
     category: str
@@ -21,10 +29,6 @@ class LoadedExample:
     parents: Parents
     image: Image.Image
     system: str | None = None
-
-    @property
-    def prompt(self) -> str:
-        return f"{IMAGE_PLACEHOLDER}{USER_PROMPT}"
 
     @property
     def images(self) -> tuple[Image.Image, ...]:

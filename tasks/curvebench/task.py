@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from mmrl.core.contracts import IMAGE_PLACEHOLDER, RewardResult
-from mmrl.tasks.curvebench.examples import USER_PROMPT, LoadedExample
+from mmrl.core.contracts import RewardResult
+from mmrl.tasks.curvebench.examples import CurveQuestion, LoadedExample
 from mmrl.tasks.curvebench.curves import (CATEGORIES, STYLES, Curve, LayoutError, Pen, _needed_radius, _pack_radius,
                                           draw_curves, layout, layout_problem)
 from mmrl.tasks.curvebench.trees import (Parents, all_topologies, answer_text, canonical_parents, children_map,
@@ -70,7 +70,7 @@ class CurveBenchConfig:
 
 
 @dataclass(frozen=True)
-class CurveExample:
+class CurveExample(CurveQuestion):
     """One drawn image; satisfies :class:`mmrl.core.contracts.VisualPrompt`."""
 
     category: str
@@ -79,10 +79,6 @@ class CurveExample:
     curves: tuple[Curve, ...]  # curve i + 1 bounds region i + 1
     image_size: int
     system: str | None = None
-
-    @property
-    def prompt(self) -> str:
-        return f"{IMAGE_PLACEHOLDER}{USER_PROMPT}"
 
     @property
     def images(self) -> tuple[Image.Image, ...]:
