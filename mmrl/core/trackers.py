@@ -59,39 +59,40 @@ def _require(package: str) -> ModuleType:
         raise ConfigError(f"log.{package} needs `pip install {package}` (or `pip install 'mmrl[track]'`): {err}") from None
 
 
-class WandbTracker:
-    """A Weights & Biases run under ``OUT/wandb/`` (offline: nothing leaves the machine)."""
+class RunTracker:
+    """One run of a tracker package whose API is wandb's: ``run.log(values, step=)`` and ``package.Table``."""
 
-    def __init__(self, settings: WandbConfig, out: Path, config: dict[str, Any]):
-        self.wandb = _require("wandb")
-        self.run = self.wandb.init(project=settings.project, entity=settings.entity, name=settings.name or out.name,
-                                   mode=settings.mode, dir=str(out), config=config)
+    def __init__(self, package: ModuleType, run: Any):
+        self.package, self.run = package, run
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.run.log(metrics, step=step)
 
     def log_samples(self, rows: list[dict[str, Any]], step: int) -> None:
         columns, data = sample_table(rows)
-        self.run.log({SAMPLES_KEY: self.wandb.Table(columns=columns, data=data)}, step=step)
+        self.run.log({SAMPLES_KEY: self.package.Table(columns=columns, data=data)}, step=step)
 
     def close(self) -> None:
         self.run.finish()
 
 
-class TrackioTracker:
+class WandbTracker(RunTracker):
+    """A Weights & Biases run under ``OUT/wandb/`` (offline: nothing leaves the machine)."""
+
+    def __init__(self, settings: WandbConfig, out: Path, config: dict[str, Any]):
+        wandb = _require("wandb")
+        super().__init__(wandb, wandb.init(project=settings.project, entity=settings.entity,
+                                           name=settings.name or out.name, mode=settings.mode, dir=str(out),
+                                           config=config))
+
+
+class TrackioTracker(RunTracker):
     """A Trackio run in trackio's local store (and a Hugging Face Space when ``space_id`` is set)."""
 
     def __init__(self, settings: TrackioConfig, out: Path, config: dict[str, Any]):
-        self.trackio = _require("trackio")
-        self.run = self.trackio.init(project=settings.project, name=settings.name or out.name,
-                                     space_id=settings.space_id, config=config)
-
-    def log(self, metrics: dict[str, float], step: int) -> None:
-        self.run.log(metrics, step=step)
-
-    def log_samples(self, rows: list[dict[str, Any]], step: int) -> None:
-        columns, data = sample_table(rows)
-        self.run.log({SAMPLES_KEY: self.trackio.Table(columns=columns, data=data)}, step=step)
+        trackio = _require("trackio")
+        super().__init__(trackio, trackio.init(project=settings.project, name=settings.name or out.name,
+                                               space_id=settings.space_id, config=config))
 
     def close(self) -> None:
-        self.trackio.finish()  # finishes the current run (this one) and clears it, so exit does not finish it again
+        self.package.finish()  # finishes the current run (this one) and clears it, so exit does not finish it again
