@@ -158,8 +158,8 @@ def run_train(args: argparse.Namespace) -> Path:
     from mmrl.core.checkpoint import disk_full_error
     from mmrl.core.config import load_config
     from mmrl.core.interrupt import stop_at_step_boundary
+    from mmrl.core.program import Program
     from mmrl.core.registry import import_plugins
-    from mmrl.experiments.plotting import plot_run
     from mmrl.core.run_folder import remove_if_unused
     from mmrl.core.trainer import Trainer
 
@@ -171,25 +171,30 @@ def run_train(args: argparse.Namespace) -> Path:
     out = Path(args.out)
     new_folder = not out.exists()
     with stop_at_step_boundary():
-        try:
-            trainer = Trainer(cfg, out, resume=args.resume, overwrite=args.overwrite)
+        try:  # a multi-stage recipe runs as a program of stages (mmrl.core.program)
+            runner = (Program if cfg.stages else Trainer)(cfg, out, resume=args.resume, overwrite=args.overwrite)
         except USER_ERRORS:
             if new_folder:  # e.g. the task's data is unreadable: leave no empty run folder behind
                 remove_if_unused(out)
             raise
-        is_main = trainer.engine.is_main
         try:
-            trainer.train()
+            runner.train()
         except (OSError, RuntimeError) as err:
             full = disk_full_error(err, out)
             if full is None:
                 raise
             raise full from None
-    if is_main:
-        print(summarize(Path(args.out)))
-        if not args.no_plot:
-            print(f"curves: {plot_run(args.out)}")
-    return Path(args.out)
+    return finish_run(out, args) if runner.engine.is_main else out
+
+
+def finish_run(out: Path, args: argparse.Namespace) -> Path:
+    """The main process's summary and curves of a finished run."""
+    from mmrl.experiments.plotting import plot_run
+
+    print(summarize(out))
+    if not args.no_plot:
+        print(f"curves: {plot_run(out)}")
+    return out
 
 
 def run_warm_start(args: argparse.Namespace) -> Path:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from torch import Tensor
@@ -45,6 +46,7 @@ class HookContext:
     engine: Any  # the Engine: rank / world_size, collectives (any, sum, mean, gather_objects), autocast, no_sync
     score: Callable[[Rollout, Sequence[Any]], Scored]  # verify + reward shaping, as the trainer scores rows
     warm_start_examples: Callable[[], list[Any]]  # the warm start's own examples, drawn again (no new data)
+    out: Path | None = None  # the run folder: hooks that keep data of their own write it under here
 
 
 @dataclass(frozen=True)

@@ -218,3 +218,15 @@ def load(engine: Any, out: Path, cfg: TrainConfig) -> dict[str, Any]:
         truncate_metrics(out, state["step"])
         dump_config(cfg, out / "config.yaml")
     return state
+
+
+PROGRAM_FILE = "program.json"  # a multi-stage run's progress (mmrl.core.program)
+
+
+def final_policy(run: Path) -> Path | None:
+    """The result policy of a completed multi-stage run (None when ``run`` is not one, or not finished)."""
+    path = Path(run) / PROGRAM_FILE
+    if not path.is_file():
+        return None
+    final = json.loads(path.read_text()).get("final_policy")
+    return None if final is None else Path(run) / final

@@ -62,6 +62,10 @@ class RolloutConfig:
     and a 2-process run equals the 1-process run up to float reduction order. Off (default): one seed per
     process and round, sampling all of a process's examples in one batch (faster)."""
 
+    keep_successes: float | None = None
+    """Keep every training row whose verifiable score is at least this (pickled per step under the run's
+    ``kept/``): the data of a later ``rft`` stage (RLoop's expert set of successful trajectories). None: off."""
+
     @property
     def samples_per_group(self) -> int:
         """Rows sampled per example: ``group_size`` less the injected ``reference_rows``."""
@@ -158,6 +162,10 @@ class WarmStartConfig:
     ViT. The task must define ``vision_classes`` and ``vision_label`` (mmrl.core.warm_start.VisionLabels)."""
     vision_lr: float = 3e-3
     """Learning rate of that vision pretraining (used only when ``vision_steps > 0``)."""
+    init_from: str | None = None
+    """A saved policy folder (a run's ``checkpoints/step_N/policy``, an ``mmrl sft`` output) whose weights the
+    policy starts from, instead of a warm start (``sft_steps`` must be 0). Multi-stage recipes set it to
+    hand one stage's policy to the next. None: the policy's own initialisation."""
 
 
 @dataclass(frozen=True)
@@ -224,6 +232,27 @@ class LogConfig:
 
 
 @dataclass(frozen=True)
+class StageConfig:
+    """One stage of a multi-stage recipe (``stages:``; docs/programs.md)."""
+
+    name: str
+    """Unique in the recipe: letters, digits, ``_`` and ``-``; the stage's folder is ``stages/<NN>_<name>``."""
+    kind: Literal["train", "sft", "rft", "eval"] = "train"
+    """``train``: the RL loop; ``sft``: supervised steps on the task's reference outputs; ``rft``:
+    rejection-sampling fine-tuning on rows kept by earlier train stages (``rollout.keep_successes``);
+    ``eval``: held-out evaluation only. sft / rft take their steps, lr, batch size and seed from
+    ``warm_start``."""
+    init: str = "previous"
+    """The policy the stage starts from: ``previous`` (the last stage's result; the recipe's warm start for
+    the first stage), ``<stage>`` (that stage's result) or ``<stage>@start`` (the policy that stage started
+    from, e.g. RLoop's RFT refines the RL stage's initial policy)."""
+    data: tuple[str, ...] = ()
+    """rft only: the train stages whose kept rows form the fine-tuning set."""
+    overrides: dict = field(default_factory=dict)
+    """Dotted keys (``trainer.steps: 30``) applied to the recipe for this stage."""
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     task: ComponentConfig
     policy: ComponentConfig
@@ -234,6 +263,9 @@ class TrainConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    stages: tuple[StageConfig, ...] = ()
+    """A training program: stages run in order in one run folder (:mod:`mmrl.core.program`), each this
+    config with the stage's overrides. Empty: one training run."""
     imports: tuple[str, ...] = ()
     """Modules (``my_package.tasks``) or ``.py`` files (relative to the recipe) imported before the recipe's
     names are looked up, so that they can register tasks, policies, verifiers (docs/plugins.md); the
@@ -290,7 +322,7 @@ FIELD_RANGES: dict[str, Range] = {
     "eval.pass_threshold": Range(),
     "checkpoint.every": AT_LEAST_0, "checkpoint.keep_last": AT_LEAST_0,
     "warm_start.sft_steps": AT_LEAST_0, "warm_start.lr": POSITIVE, "warm_start.batch_size": AT_LEAST_1,
-    "warm_start.seed": AT_LEAST_0, "warm_start.vision_steps": AT_LEAST_0, "warm_start.vision_lr": POSITIVE,
+    "warm_start.seed": AT_LEAST_0, "rollout.keep_successes": Range(), "warm_start.vision_steps": AT_LEAST_0, "warm_start.vision_lr": POSITIVE,
     "algo.adv_eps": POSITIVE,  # 0 divides by a zero group std
     "algo.gamma": UNIT, "algo.lam": UNIT, "algo.kl_in_reward_coef": AT_LEAST_0,
     "algo.clip_low": AT_LEAST_0, "algo.clip_high": AT_LEAST_0,
@@ -360,14 +392,19 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
             value = yaml.safe_load(raw)
         except yaml.YAMLError as err:
             raise ConfigError(f"override {item!r}: value is not valid YAML: {err}") from None
-        node = data
-        parts = key.split(".")
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"override {item!r}: {part!r} is not a section")
-        node[parts[-1]] = value
+        set_dotted(data, key, value, f"override {item!r}")
     return data
+
+
+def set_dotted(data: dict, key: str, value: Any, what: str) -> None:
+    """``data[a][b][c] = value`` for ``key`` ``a.b.c``, creating sections as needed (in place)."""
+    node = data
+    parts = key.split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"{what}: {part!r} is not a section")
+    node[parts[-1]] = value
 
 
 def read_recipe(path: Path) -> dict:
@@ -459,10 +496,42 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     if cfg.trainer.minibatches >= 1 and cfg.rollout.prompts_per_step % cfg.trainer.minibatches:
         problems.append(f"rollout.prompts_per_step ({cfg.rollout.prompts_per_step}) must be divisible by "
                         f"trainer.minibatches ({cfg.trainer.minibatches}): minibatches hold whole groups")
+    if cfg.warm_start.init_from is not None and cfg.warm_start.sft_steps > 0:
+        problems.append("warm_start.init_from starts from saved weights: set warm_start.sft_steps: 0 (for SFT on "
+                        "top of them, use a multi-stage recipe's sft stage)")
+    problems += stage_problems(cfg.stages)
     if problems:
         raise ConfigError("invalid config: " + "; ".join(problems))
     return dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, args=task_args),
                                policy=dataclasses.replace(cfg.policy, args=policy_args))
+
+
+def stage_problems(stages: tuple[StageConfig, ...]) -> list[str]:
+    """What is wrong with a recipe's ``stages:`` as a program: names, kinds and the stages they refer to
+    (each stage's overrides are checked when :func:`mmrl.core.program.plan` builds its config)."""
+    problems, seen, kinds = [], [], {}
+    for i, stage in enumerate(stages):
+        where = f"stages[{i}] ({stage.name!r})"
+        if not stage.name or not all(c.isalnum() or c in "_-" for c in stage.name):
+            problems.append(f"{where}: a name is letters, digits, '_' and '-'")
+        if stage.name in seen:
+            problems.append(f"{where}: the name is used twice")
+        base, _, at = stage.init.partition("@")
+        if stage.init != "previous" and (base not in seen or at not in ("", "start")):
+            problems.append(f"{where}: init must be 'previous', an earlier stage or '<earlier stage>@start', "
+                            f"got {stage.init!r} (earlier: {seen})")
+        if stage.kind == "rft" and not stage.data:
+            problems.append(f"{where}: an rft stage needs data: [<earlier train stages>]")
+        if stage.kind != "rft" and stage.data:
+            problems.append(f"{where}: data is for rft stages")
+        for name in stage.data:
+            if kinds.get(name) != "train":
+                problems.append(f"{where}: data names {name!r}, which is not an earlier train stage")
+        if any(key.split(".")[0] == "stages" for key in stage.overrides):
+            problems.append(f"{where}: a stage cannot declare stages")
+        seen.append(stage.name)
+        kinds[stage.name] = stage.kind
+    return problems
 
 
 def _component_args(config_cls: type, args: Any, path: str) -> Any:

@@ -169,7 +169,11 @@ def resolve(target: str, model: str | None, overrides: Sequence[str], policy_nam
     weights: Path | None = model_dir
     if model_dir is not None and (model_dir / RUN_CONFIG).is_file():
         data = read_recipe(model_dir / RUN_CONFIG)
-        if (model_dir / "checkpoints").is_dir():
+        if (model_dir / ckpt.PROGRAM_FILE).is_file():  # a multi-stage run: its last stage's result
+            weights = ckpt.final_policy(model_dir)
+            if weights is None:
+                raise FileNotFoundError(f"--model {model}: the multi-stage run has not finished its last stage")
+        elif (model_dir / "checkpoints").is_dir():
             latest = ckpt.latest_checkpoint(model_dir)
             if latest is None:
                 raise FileNotFoundError(f"--model {model}: the run has no checkpoint yet")

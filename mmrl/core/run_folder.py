@@ -27,7 +27,9 @@ LOCK_FILE = ".mmrl-run.lock"
 
 # What ``mmrl train`` (and the per-domain scripts) write at the top of a run folder.
 TRAIN_ENTRIES = ("config.yaml", "metrics.jsonl", "metrics.discarded.jsonl", "samples.jsonl", "samples.discarded.jsonl",
-                 "checkpoints", "tb", "wandb", "curves.png", "plans.gif")  # plans.gif: scripts/train_driving.py
+                 "checkpoints", "tb", "wandb", "curves.png", "plans.gif",  # plans.gif: scripts/train_driving.py
+                 "kept",  # rollout.keep_successes
+                 "stages", "program.json")  # multi-stage recipes (mmrl.core.program)
 
 
 class FolderInUseError(RuntimeError):

@@ -70,7 +70,7 @@ class Trainer:
         self.step, self.guard = 0, NonFiniteGuard(self.engine, t.max_skipped_frac)
         self.needs = algo_needs(cfg.algo)  # what the estimator / shaping hooks need beyond the core inputs
         ctx = HookContext(cfg, self.policy, self.model, self.task, self.engine, self.score,
-                          lambda: warm_start_examples(self.task, cfg))
+                          lambda: warm_start_examples(self.task, cfg), self.out)
         self.rollout_hooks = build_hooks(ROLLOUT_HOOKS, ctx)
         self.loss_hooks = build_hooks(LOSS_HOOKS, ctx)
         self.draw = compose_draw([hook for _, hook in self.rollout_hooks], self.sample)
@@ -82,7 +82,9 @@ class Trainer:
         self.logger = RunLogger(self.out, self.engine.is_main, t.steps, self.step, cfg.log.tensorboard,
                                 cfg.log.progress, open_trackers(cfg, self.out) if self.engine.is_main else ())
 
-    def train(self) -> None:
+    def train(self, end: bool = True) -> None:
+        """Train to ``trainer.steps``. ``end=False`` keeps the process group for more work in this process
+        (the next stage of a multi-stage recipe)."""
         cfg = self.cfg
         if self.step == 0:
             self.logger.log({"step": 0, "perf/threads": self.threads, **self.evaluate()})
@@ -111,7 +113,8 @@ class Trainer:
                 self.logger.close()
                 raise interrupt.TrainingInterrupted(self.step)
         self.logger.close()
-        self.engine.end()
+        if end:
+            self.engine.end()
         release_lock(self.out)
 
     # -- collect: this process's share of the step's prompts, drawn through the rollout hooks, scored --------

@@ -27,7 +27,7 @@ from mmrl.core.registry import make_policy, make_task
 
 # Warm-start fields added after caches existed: left out of the key while off, so every recipe
 # that does not use them keeps its cache key (and its cached warm start).
-KEY_FIELDS_WHEN_ON = {"vision_steps": ("vision_steps", "vision_lr")}
+KEY_FIELDS_WHEN_ON = {"vision_steps": ("vision_steps", "vision_lr"), "init_from": ("init_from",)}
 
 
 def warm_start_key(cfg: TrainConfig) -> str:
@@ -60,6 +60,9 @@ def build_initial_policy(cfg: TrainConfig, device: torch.device | str = "cpu", i
     warm start and the others load it from the cache after ``wait()``."""
     policy = make_policy(cfg.policy.name, cfg.policy.args).to(device)
     ws = cfg.warm_start
+    if ws.init_from is not None:  # validation ensures sft_steps == 0: no warm start on top
+        policy.load_weights(ws.init_from)
+        return policy
     if ws.sft_steps == 0:
         return policy
     path = warm_start_path(cfg)
@@ -103,6 +106,10 @@ def export_warm_start(cfg: TrainConfig, out: str | Path, overwrite: bool = False
     return out
 
 
+Pairs = Callable[[np.random.Generator], tuple[list[Any], list[Any]]]
+"""``draw(rng) -> (examples, targets)``: one supervised batch (``targets[i]`` is the output for ``examples[i]``)."""
+
+
 def sft(policy: Policy, cfg: TrainConfig, steps: int | None = None,
         on_step: Callable[[int, float], None] | None = None) -> list[float]:
     """``warm_start.sft_steps`` (or ``steps``) AdamW steps of supervised fine-tuning on reference outputs.
@@ -115,16 +122,27 @@ def sft(policy: Policy, cfg: TrainConfig, steps: int | None = None,
     rng = np.random.default_rng(ws.seed)
     if ws.vision_steps > 0:
         pretrain_vision(policy, task, cfg, rng)
-    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=ws.lr)
+
+    def reference_batch(rng: np.random.Generator) -> tuple[list[Any], list[Any]]:
+        examples = task.sample_batch("train", ws.batch_size, rng)
+        return examples, [task.reference_output(ex) for ex in examples]
+
+    return fit(policy, reference_batch, rng, ws.sft_steps if steps is None else steps, ws.lr,
+               "warm start (SFT)", cfg.log.progress, on_step)
+
+
+def fit(policy: Policy, draw: Pairs, rng: np.random.Generator, steps: int, lr: float, desc: str,
+        progress: bool = True, on_step: Callable[[int, float], None] | None = None) -> list[float]:
+    """``steps`` AdamW steps of ``policy.sft_loss`` on batches from ``draw(rng)``; the losses."""
+    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=lr)
     losses = []
     if on_step is not None:
         on_step(0, float("nan"))
     policy.train()
-    bar = tqdm(range(ws.sft_steps if steps is None else steps), desc="warm start (SFT)",
-               disable=not cfg.log.progress, dynamic_ncols=True)
+    bar = tqdm(range(steps), desc=desc, disable=not progress, dynamic_ncols=True)
     for step in bar:
-        examples = task.sample_batch("train", ws.batch_size, rng)
-        loss = policy.sft_loss(examples, [task.reference_output(ex) for ex in examples])
+        examples, targets = draw(rng)
+        loss = policy.sft_loss(examples, targets)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

@@ -8,7 +8,9 @@ Rollout hooks — ``draw`` wrappers nest first-outermost, ``refine`` runs in thi
   its table updated from the round's rows, reference rows included;
 - ``rollout_strategy`` (AERO): more samples for some prompts, then a row selection (``algo.rollout_strategy``);
 - ``dynamic_sampling`` (DAPO): rounds of new prompts until enough groups carry signal (``algo.dynamic_sampling``);
-- ``prompt_history`` (MSSR / AERO's Beta posterior): per-prompt outcome counts for the estimator.
+- ``prompt_history`` (MSSR / AERO's Beta posterior): per-prompt outcome counts for the estimator;
+- ``keep_successes`` (RLoop): the step's rows that succeeded, kept on disk for a later ``rft`` stage
+  (``rollout.keep_successes``).
 
 Loss hooks, in the order their terms are added:
 
@@ -21,7 +23,10 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
+import pickle
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -210,6 +215,59 @@ class PromptHistoryHook(RolloutHook):
         self.history.load_state_dict(state["prompt_history"])
 
 
+class KeepSuccesses(RolloutHook):
+    """RLoop (seed paper #58): the successful trajectories RL explores, kept as an expert set.
+
+    Every step's rows whose verifiable score is at least ``rollout.keep_successes`` are pickled, with their
+    examples, to ``<run>/kept/step_<n>.rank<r>.pkl``. A resumed run writes the steps after its checkpoint
+    again, identically, so the files stay those of one uninterrupted run. :func:`read_kept` reads them back."""
+
+    def __init__(self, ctx: HookContext):
+        if ctx.out is None:
+            raise ValueError("rollout.keep_successes needs a run folder to keep its rows in")
+        self.folder, self.threshold, self.engine = ctx.out / KEPT_DIR, ctx.cfg.rollout.keep_successes, ctx.engine
+        self.step, self.kept = 0, 0
+
+    def finish(self, batch: Scored) -> Scored:
+        self.step += 1
+        rows = (batch.outcome >= self.threshold).nonzero().squeeze(1).tolist()
+        index = batch.rollout.example_index.tolist()
+        pairs = [(batch.examples[index[i]], batch.rollout.outputs[i]) for i in rows]
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.folder / f"step_{self.step}.rank{self.engine.rank}.pkl"
+        tmp = path.with_name(f".{path.name}.tmp")
+        with open(tmp, "wb") as f:
+            pickle.dump(pairs, f)
+        os.replace(tmp, path)
+        self.kept = len(pairs)
+        return batch
+
+    def metrics(self) -> dict[str, float]:
+        return {"rollout/kept_rows": self.engine.sum(self.kept)}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step = state["step"]
+
+
+KEPT_DIR = "kept"
+
+
+def read_kept(run: Path, last_step: int) -> list[tuple[Any, Any]]:
+    """The (example, output) pairs a run kept (``rollout.keep_successes``) in steps 1..``last_step``, in
+    step then process order."""
+    files = sorted((run / KEPT_DIR).glob("step_*.rank*.pkl"),
+                   key=lambda p: tuple(int(x) for x in p.name[5:-4].split(".rank")))
+    pairs = []
+    for path in files:
+        if int(path.name[5:].split(".")[0]) <= last_step:
+            with open(path, "rb") as f:
+                pairs += pickle.load(f)
+    return pairs
+
+
 ROLLOUT_HOOKS.register("param_noise", HookSpec(lambda cfg: cfg.rollout.param_noise_std > 0, ParamNoise))
 ROLLOUT_HOOKS.register("reference_rows", HookSpec(lambda cfg: cfg.rollout.reference_rows > 0, ReferenceRows))
 ROLLOUT_HOOKS.register("prompt_temperature", HookSpec(lambda cfg: cfg.algo.temperature_schedule != "fixed",
@@ -217,6 +275,8 @@ ROLLOUT_HOOKS.register("prompt_temperature", HookSpec(lambda cfg: cfg.algo.tempe
 ROLLOUT_HOOKS.register("rollout_strategy", HookSpec(lambda cfg: cfg.algo.rollout_strategy != "plain",
                                                     RolloutStrategy))
 ROLLOUT_HOOKS.register("dynamic_sampling", HookSpec(lambda cfg: cfg.algo.dynamic_sampling, DynamicSampling))
+ROLLOUT_HOOKS.register("keep_successes", HookSpec(lambda cfg: cfg.rollout.keep_successes is not None,
+                                                   KeepSuccesses))
 ROLLOUT_HOOKS.register("prompt_history", HookSpec(lambda cfg: "prompt_history" in algo_needs(cfg.algo),
                                                   PromptHistoryHook))
 
