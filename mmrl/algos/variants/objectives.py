@@ -44,7 +44,7 @@ def reward_weighted_sft(logp: Tensor, weight: Tensor, mask: Tensor) -> Tensor:
     (INFERRED: the paper's exact negative branch was not readable; per token, as the SFT loss it generalises).
     """
     positive = -weight * logp
-    negative = -weight * bounded_log_ratio(logp).exp()
+    negative = -weight * logp.exp()  # a log-prob is ≤ 0: exp cannot overflow
     return torch.where(weight >= 0, positive, negative) * mask
 
 
