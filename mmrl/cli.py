@@ -70,7 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--seed", type=int, default=1234, help="seed of the examples (the trainer's eval.seed)")
     evaluate.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
     evaluate.add_argument("--max-new-tokens", type=int, default=None, help="default: the config's rollout.max_new_tokens")
-    evaluate.add_argument("--k", type=int, default=1, help="> 1: also pass@k and mean@k over k samples (at the config's eval.pass_temperature)")
+    evaluate.add_argument("--k", type=int, default=1, help="> 1: also pass@k' for k' = 1, 2, 4, ..., k and mean@n over "
+                          "n samples (at the config's eval.pass_temperature)")
+    evaluate.add_argument("--n", type=int, default=None, help="samples per example for pass@k, >= k (default k); "
+                          "n > k uses the unbiased estimator 1 − C(n−c, k)/C(n, k) of Chen et al. 2021")
+    evaluate.add_argument("--plot", nargs="?", const="pass_at_k.png", default=None,
+                          help="write the pass@k curve as a PNG (default path pass_at_k.png)")
     evaluate.add_argument("--json", help="also write the metrics to this JSON file")
     add_import_argument(evaluate)
 
@@ -240,7 +245,7 @@ def list_components() -> str:
 
     from mmrl.algos import (ADVANTAGE_ESTIMATORS, AGGREGATIONS, GAUSSIAN_KL_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES,
                             SHAPING_HOOKS)
-    from mmrl.algos.variants import REHEARSAL_DIVERGENCES, ROLLOUT_STRATEGIES
+    from mmrl.algos.variants import LOSS_TERMS, REHEARSAL_DIVERGENCES, ROLLOUT_STRATEGIES
     from mmrl.core.config import list_recipes
     from mmrl.core.registry import POLICIES, TASKS, load_plugins
     from mmrl.experiments.sweep import SWEEP_ARMS
@@ -252,7 +257,8 @@ def list_components() -> str:
                 ("loss aggregations", AGGREGATIONS.names()),
                 ("KL estimators", KL_ESTIMATORS.names() + GAUSSIAN_KL_ESTIMATORS.names()),
                 ("shaping hooks", SHAPING_HOOKS.names()), ("rollout strategies", ROLLOUT_STRATEGIES.names()),
-                ("rehearsal divergences", REHEARSAL_DIVERGENCES.names()), ("sweep arms", SWEEP_ARMS.names()),
+                ("rehearsal divergences", REHEARSAL_DIVERGENCES.names()), ("loss terms", LOSS_TERMS.names()),
+                ("sweep arms", SWEEP_ARMS.names()),
                 ("recipes", list_recipes())]
     return "\n".join(f"{title}:\n" + ("\n".join(f"  {n}" for n in names) or "  (none yet)")
                      for title, names in sections)

@@ -22,7 +22,8 @@ def test_list_shows_every_registry(capsys):
     assert main(["list"]) == 0
     text = capsys.readouterr().out
     for name in ("grpo", "rloo", "reinforce_pp", "gae", "ppo_clip", "gspo",
-                 "seq-mean-token-sum-norm", "low_var_kl", "adv_clip", "sanity/tiny_cpu", "sanity/ppo_tiny_cpu"):
+                 "seq-mean-token-sum-norm", "low_var_kl", "adv_clip", "sanity/tiny_cpu", "sanity/ppo_tiny_cpu",
+                 "pacs", "frpo", "polychromic", "rw_sft", "weighted_grpo", "none"):
         assert f"  {name}\n" in text, name
     for name in ("sanity/reverse-v0", "causal_lm"):  # tasks and policies say where they come from
         assert re.search(rf"^  {re.escape(name)} +built-in$", text, re.MULTILINE), name
@@ -116,12 +117,22 @@ def test_eval_of_a_run_equals_the_runs_own_last_evaluation(tmp_path, capsys):
     logged = [r for r in read_metrics(run) if "eval/reward_mean" in r][-1]
     assert metrics["reward_mean"] == pytest.approx(logged["eval/reward_mean"], abs=1e-6)
     assert 0.0 <= metrics["pass@3"] <= 1.0 and 0.0 <= metrics["mean@3"] <= 1.0
+    # a pass@k curve from n > k samples (the unbiased estimator), printed and plotted
+    plot = tmp_path / "curve.png"
+    assert main(["eval", "sanity/tiny_cpu", "--model", str(run), "--num-examples", "8", "--k", "4", "--n", "8",
+                 "--plot", str(plot), "--json", str(report)]) == 0
+    printed = capsys.readouterr().out
+    assert "pass@k curve (n = 8 samples per example): k=1: " in printed and plot.stat().st_size > 0
+    curve = json.loads(report.read_text())["metrics"]["test"]
+    assert 0.0 <= curve["pass@1"] <= curve["pass@2"] <= curve["pass@4"] <= 1.0 and "mean@8" in curve
+    assert "pass@8" not in curve  # the curve stops at k, whatever n
 
 
 @pytest.mark.parametrize("argv, message", [
     (["eval", "sanity/reverse-v0"], "give the weights with --model"),
     (["eval", "sanity/reverse-v0", "--model", "/nonexistent/folder"], "no such folder"),
     (["eval", "sanity/tiny_cpu", "--num-examples", "0"], "--num-examples and --k must be >= 1"),
+    (["eval", "sanity/tiny_cpu", "--k", "4", "--n", "2"], "--n (samples per example, 2) must be >= --k (4)"),
 ])
 def test_eval_user_errors_exit_2(capsys, argv, message):
     assert main(argv) == 2

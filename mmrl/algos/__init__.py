@@ -1,7 +1,7 @@
 """The policy-gradient core: pure tensor functions behind registries, one axis each.
 
 - ``ADVANTAGE_ESTIMATORS``: grpo, rloo, reinforce_pp, gae, returns (+ the variants of ``docs/algorithms.md``)
-- ``POLICY_LOSSES``: ppo_clip, gspo, gspo_token, reinforce
+- ``POLICY_LOSSES``: ppo_clip, gspo, gspo_token, reinforce, none (+ the variants of ``docs/algorithms.md``)
 - ``AGGREGATIONS``: token-mean, seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm
 - ``KL_ESTIMATORS``: k1, k2, k3, low_var_kl (+ GAUSSIAN_KL_ESTIMATORS: gaussian_mean, Flow-GRPO)
 - ``SHAPING_HOOKS``: adv_clip (+ the variants of ``docs/algorithms.md``)

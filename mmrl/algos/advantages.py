@@ -31,6 +31,9 @@ class AdvantageInputs:
     # per-prompt history; only for estimators that declare the "prompt_history" need)
     prompt_successes: Tensor | None = None
     prompt_failures: Tensor | None = None
+    # [N] long: rows of a group with equal ids decoded to equal outputs (estimators that declare the
+    # "output_classes" need: set diversity, Polychromic PPO)
+    output_class: Tensor | None = None
 
 
 AdvantageFn = Callable[[AdvantageInputs, AlgoConfig], tuple[Tensor, Tensor | None]]

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 class AlgoConfig:
     # -- advantage estimator -------------------------------------------------------------------
     advantage: str = "grpo"
-    """Registered advantage estimator: grpo | rloo | reinforce_pp | gae | returns."""
+    """Registered advantage estimator: grpo | rloo | reinforce_pp | gae | returns (+ the paper variants,
+    docs/algorithms.md: psr, nsr, w_reinforce, beta_posterior, polychromic, weighted_grpo, ...)."""
     norm_adv_by_std: bool = True
     """GRPO: divide by the group std (DeepSeekMath). False gives Dr. GRPO (Liu et al. 2025)."""
     adv_eps: float = 1e-6
@@ -29,7 +30,8 @@ class AlgoConfig:
 
     # -- per-token policy objective --------------------------------------------------------------
     policy_loss: str = "ppo_clip"
-    """Registered objective: ppo_clip | gspo | gspo_token | reinforce."""
+    """Registered objective: ppo_clip | gspo | gspo_token | reinforce | rw_sft (reward-weighted SFT, arXiv
+    2601.09253) | none (the objective is entirely ``loss_terms``: pacs, frpo)."""
     clip_low: float = 0.2
     """Lower clip ε_low: ratio ≥ 1 − ε_low (PPO; DAPO keeps 0.2; GSPO uses 3e-4)."""
     clip_high: float = 0.2
@@ -108,7 +110,9 @@ class AlgoConfig:
     loss_terms: tuple[str, ...] = ()
     """Registered extra per-token loss terms added to the objective, aggregated like it
     (mmrl/algos/variants/loss_terms.py): calibrl (CalibRL, arXiv 2602.20197: LeakyReLU calibration
-    against the task's reference output, |A|-weighted; ``extra.calibrl``)."""
+    against the task's reference output, |A|-weighted; ``extra.calibrl``) | pacs (PACS, arXiv 2509.02522:
+    BCE of the verifier outcome on a group-centred log-ratio score) | frpo (FRPO, arXiv 2602.08813: the
+    max-min robust GRPO objective); pacs and frpo replace the surrogate: use them with ``policy_loss: none``."""
 
     extra: dict = field(default_factory=dict, hash=False)
     """Hyper-parameters of experimental shaping hooks, by hook name (documented per hook)."""

@@ -129,3 +129,13 @@ def truncated_is_weights(logp_old: Tensor, logp_behaviour: Tensor, cap: float) -
     The log-ratio is bounded (``bounded_log_ratio``) before the exponent, as every ratio here.
     """
     return torch.exp(bounded_log_ratio(logp_old - logp_behaviour)).clamp(max=cap).detach()
+
+
+@POLICY_LOSSES.register("none")
+def no_policy_loss(logp: Tensor, logp_old: Tensor, adv: Tensor, mask: Tensor, cfg: AlgoConfig):
+    """No policy-gradient term (ℓ = 0, no gradient): the objective is entirely ``algo.loss_terms``
+    (objectives that replace the surrogate, such as PACS or FRPO, which need whole groups). The ratio
+    metrics are still reported."""
+    log_ratio = ((logp - logp_old) * mask).detach()
+    # 0·log π keeps the term in the graph, so a micro-batch whose loss terms add nothing still backpropagates.
+    return logp * 0.0 * mask, _ratio_metrics(log_ratio, torch.zeros_like(mask, dtype=torch.bool), mask)

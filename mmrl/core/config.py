@@ -465,6 +465,15 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     if "ref_logp" in algo_needs(a) and cfg.trainer.ref_model == "none":
         problems.append(f"the selected variants {sorted(n for n in (a.advantage, *a.shaping))} need reference "
                         f"log-probs: trainer.ref_model: copy (or adapter_disabled)")
+    if "whole_groups" in algo_needs(a) and (cfg.trainer.micro_batch_size % cfg.rollout.group_size
+                                            or cfg.rollout.reference_rows or a.rollout_strategy != "plain"):
+        problems.append(f"algo.loss_terms {list(a.loss_terms)} compare each row with its whole group: "
+                        f"trainer.micro_batch_size ({cfg.trainer.micro_batch_size}) must be a multiple of "
+                        f"rollout.group_size ({cfg.rollout.group_size}), without rollout.reference_rows or a "
+                        f"rollout strategy (they change group sizes)")
+    if a.policy_loss == "none" and not a.loss_terms:
+        problems.append("algo.policy_loss: none leaves no objective: name the objective in algo.loss_terms "
+                        "(e.g. [pacs] or [frpo])")
     if not 0 <= cfg.rollout.reference_rows < cfg.rollout.group_size:
         problems.append(f"rollout.reference_rows must be in 0..group_size − 1 ({cfg.rollout.group_size - 1}), "
                         f"got {cfg.rollout.reference_rows}: at least one row per group is sampled")

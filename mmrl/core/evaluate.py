@@ -2,6 +2,7 @@
 
     mmrl eval curvebench/easy-v0 --model /models/Qwen3-VL-8B        # an HF folder, task defaults
     mmrl eval curvebench/easy-v0 --model runs/curvebench --k 4      # a run: its policy config + latest checkpoint
+    mmrl eval sanity/tiny_cpu --model runs/sanity --k 16 --n 64 --plot   # pass@1..16 from 64 samples, PNG curve
     mmrl eval configs/vie/tiny_cpu.yaml --model runs/vie_sft         # a recipe's task and policy, these weights
 
 The metrics are the trainer's held-out ones (``reward_mean`` and the task's ``metrics``), computed
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,6 +74,39 @@ def pass_at_k(scores: torch.Tensor, example_index: torch.Tensor, num_examples: i
     return float((passes > 0).double().mean())
 
 
+def unbiased_pass_at_k(n: int, c: int, k: int) -> float:
+    """Chen et al. 2021 (Codex, eq. 1): the probability that k of n samples, c of them correct, drawn without
+    replacement include a correct one, 1 − C(n−c, k)/C(n, k), as the stable product
+    1 − Π_{i=n−c+1}^{n} (1 − k/i) (no huge binomials). n = 5, c = 2, k = 2 gives 0.7.
+
+    >>> round(unbiased_pass_at_k(5, 2, 2), 12)
+    0.7
+    """
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:  # every k-subset holds a correct sample
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def pass_at_k_curve(scores: torch.Tensor, example_index: torch.Tensor, num_examples: int, ks: Sequence[int],
+                    threshold: float) -> dict[int, float]:
+    """{k: mean over examples of :func:`unbiased_pass_at_k`} from the same n samples per example ([N] scores
+    and example indices; a sample is correct when its score is ≥ ``threshold``). Every example must have the
+    same n ≥ max(ks)."""
+    n = torch.zeros(num_examples, dtype=torch.long).index_add_(0, example_index, torch.ones_like(example_index))
+    c = torch.zeros(num_examples, dtype=torch.long).index_add_(0, example_index, (scores >= threshold).long())
+    if num_examples == 0 or int(n.min()) != int(n.max()) or int(n.min()) < max(ks):
+        raise ValueError(f"pass@k needs the same n >= {max(ks)} samples for every example, got n from "
+                         f"{int(n.min()) if num_examples else 0} to {int(n.max()) if num_examples else 0}")
+    return {k: float(np.mean([unbiased_pass_at_k(int(ni), int(ci), k) for ni, ci in zip(n, c)])) for k in ks}
+
+
+def curve_ks(k: int) -> list[int]:
+    """The k of a pass@k curve: 1, 2, 4, ... below K, then K."""
+    return [2 ** i for i in range(k.bit_length()) if 2 ** i < k] + [k]
+
+
 def held_out_sets(task: Any, cfg: TrainConfig) -> list[tuple[str, list[Any]]]:
     """The held-out examples of ``eval.split`` and of each of ``eval.extra_splits``, drawn once from
     ``eval.seed`` (the same for every split and every evaluation of the run)."""
@@ -126,7 +161,10 @@ class EvalSettings:
     """0: greedy, as the trainer's evaluation."""
     max_new_tokens: int = 32
     k: int = 1
-    """> 1: also draw k samples per example at ``pass_temperature``: ``pass@k`` and ``mean@k``."""
+    """> 1: also draw n samples per example at ``pass_temperature``: ``pass@k'`` for k' in 1, 2, 4, ..., k
+    (Chen et al.'s unbiased estimator from the same n samples) and ``mean@n``."""
+    n: int | None = None
+    """Samples per example for pass@k (≥ k; None: n = k, where pass@k is "any of the k samples passes")."""
     pass_temperature: float = 1.0
     pass_threshold: float = 1.0
 
@@ -138,11 +176,13 @@ def evaluate_policy(policy: Policy, task: Any, task_id: str, s: EvalSettings) ->
     examples = task.sample_batch(s.split, s.num_examples, np.random.default_rng(s.seed))
     rollout = policy.rollout(examples, 1, SamplingParams(s.temperature, 1.0, s.max_new_tokens), s.seed)
     metrics = rollout_metrics(task, examples, rollout, verify(task, task_id, rollout, examples))
-    if s.k > 1:
-        sampled = policy.rollout(examples, s.k, SamplingParams(s.pass_temperature, 1.0, s.max_new_tokens), s.seed + 1)
+    n = s.k if s.n is None else s.n
+    if s.k > 1 or n > 1:
+        sampled = policy.rollout(examples, n, SamplingParams(s.pass_temperature, 1.0, s.max_new_tokens), s.seed + 1)
         scores = torch.tensor([r.score for r in verify(task, task_id, sampled, examples)], dtype=torch.float64)
-        metrics[f"pass@{s.k}"] = pass_at_k(scores, sampled.example_index, len(examples), s.pass_threshold)
-        metrics[f"mean@{s.k}"] = float(scores.mean())
+        curve = pass_at_k_curve(scores, sampled.example_index, len(examples), curve_ks(s.k), s.pass_threshold)
+        metrics |= {f"pass@{k}": value for k, value in curve.items()}
+        metrics[f"mean@{n}"] = float(scores.mean())
     return metrics
 
 
@@ -240,7 +280,10 @@ def run_eval(args: Any) -> str:
     splits = [split for split in args.split.split(",") if split]
     if args.num_examples < 1 or args.k < 1:
         raise ConfigError(f"--num-examples and --k must be >= 1, got {args.num_examples} and {args.k}")
-    settings = EvalSettings(num_examples=args.num_examples, seed=args.seed, temperature=args.temperature, k=args.k)
+    if args.n is not None and args.n < args.k:
+        raise ConfigError(f"--n (samples per example, {args.n}) must be >= --k ({args.k})")
+    settings = EvalSettings(num_examples=args.num_examples, seed=args.seed, temperature=args.temperature, k=args.k,
+                            n=args.n)
     results = evaluate_target(args.target, args.model, args.overrides, splits, settings, args.policy,
                               args.max_new_tokens)
     if args.json:
@@ -252,4 +295,43 @@ def run_eval(args: Any) -> str:
     for split, metrics in results.items():
         lines.append(f"[{split}]")
         lines += [f"  {key:<28} {value:.4f}" for key, value in metrics.items()]
+        curve = pass_curve(metrics)
+        if len(curve) > 1:
+            n = settings.k if settings.n is None else settings.n
+            lines.append(f"  pass@k curve (n = {n} samples per example): "
+                         + "  ".join(f"k={k}: {value:.3f}" for k, value in curve))
+    if args.plot:
+        lines.append(f"pass@k curve: {plot_pass_curves(results, args.plot, args.target)}")
     return "\n".join(lines)
+
+
+def pass_curve(metrics: dict[str, float]) -> list[tuple[int, float]]:
+    """The (k, pass@k) points of a split's metrics, by k."""
+    return sorted((int(key.split("@")[1]), value) for key, value in metrics.items() if key.startswith("pass@"))
+
+
+def plot_pass_curves(results: dict[str, dict[str, float]], path: str | Path, title: str) -> Path:
+    """A PNG of pass@k against k (log₂ axis), one line per split."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.0, 3.6))
+    for split, metrics in results.items():
+        curve = pass_curve(metrics)
+        if curve:
+            ks, values = zip(*curve)
+            ax.plot(ks, values, "o-", label=split)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("k")
+    ax.set_ylabel("pass@k")
+    ax.set_ylim(0.0, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

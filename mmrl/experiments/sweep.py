@@ -83,6 +83,22 @@ SWEEP_ARMS.register("calibrl", SweepArm(("algo.loss_terms=[calibrl]", "algo.norm
                                         "CalibRL, arXiv 2602.20197 (Dr.GRPO, dual clip 3, + 0.1 × LeakyReLU "
                                         "calibration to the reference answer)"))
 
+# Objectives of issue 24: PACS and FRPO replace the surrogate (policy_loss none, the objective as a loss term).
+SWEEP_ARMS.register("pacs", SweepArm(("algo.policy_loss=none", "algo.loss_terms=[pacs]"),
+                                     "PACS, arXiv 2509.02522 (β = 1, RLOO-centred score, class-balanced BCE)"))
+SWEEP_ARMS.register("frpo", SweepArm(("algo.policy_loss=none", "algo.loss_terms=[frpo]"),
+                                     "FRPO, arXiv 2602.08813 (λ = 1, jackknife, offset; GRPO advantages)"))
+SWEEP_ARMS.register("polychromic", SweepArm(("algo.advantage=polychromic",),
+                                            "Polychromic PPO, arXiv 2509.25424 (set advantage, n = 4; no vine "
+                                            "sampling; diversity = distinct outputs, INFERRED)"))
+SWEEP_ARMS.register("rw_sft", SweepArm(("algo.policy_loss=rw_sft", "algo.advantage=w_reinforce",
+                                        "algo.extra.w_reinforce={positive_weight: 1.0}"),
+                                       "RIFT reward-weighted SFT, arXiv 2601.09253 (weight 2r − 1; bounded "
+                                       "negative branch INFERRED)"))
+SWEEP_ARMS.register("weighted_grpo", SweepArm(("algo.advantage=weighted_grpo",),
+                                              "Weighted GRPO, arXiv 2602.03452 (rare events × 2; form INFERRED; "
+                                              "no prompt pairing)"))
+
 
 @dataclass(frozen=True)
 class SweepSpec:

@@ -34,8 +34,14 @@ def test_advantage_estimators_include_the_documented_ones():
     assert set(expected) <= set(algos.ADVANTAGE_ESTIMATORS.names())
 
 
+def test_policy_losses_include_the_documented_ones():
+    # the docstring names the core objectives; the paper variants add more (rw_sft, docs/algorithms.md)
+    expected = ["ppo_clip", "gspo", "gspo_token", "reinforce", "none"]
+    assert _documented_names()["POLICY_LOSSES"] == expected
+    assert set(expected) <= set(algos.POLICY_LOSSES.names())
+
+
 @pytest.mark.parametrize(("registry", "expected"), [
-    ("POLICY_LOSSES", ["ppo_clip", "gspo", "gspo_token", "reinforce"]),
     ("AGGREGATIONS", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]),
     ("KL_ESTIMATORS", ["k1", "k2", "k3", "low_var_kl"]),
 ])

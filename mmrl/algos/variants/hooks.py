@@ -8,13 +8,14 @@ Rollout hooks — ``draw`` wrappers nest first-outermost, ``refine`` runs in thi
   its table updated from the round's rows, reference rows included;
 - ``rollout_strategy`` (AERO): more samples for some prompts, then a row selection (``algo.rollout_strategy``);
 - ``dynamic_sampling`` (DAPO): rounds of new prompts until enough groups carry signal (``algo.dynamic_sampling``);
-- ``prompt_history`` (MSSR / AERO's Beta posterior): per-prompt outcome counts for the estimator;
 - ``keep_successes`` (RLoop): the step's rows that succeeded, kept on disk for a later ``rft`` stage
-  (``rollout.keep_successes``).
+  (``rollout.keep_successes``);
+- ``prompt_history`` (MSSR / AERO's Beta posterior): per-prompt outcome counts for the estimator;
+- ``output_classes`` (Polychromic PPO): which rows of a group decoded to the same output.
 
 Loss hooks, in the order their terms are added:
 
-- ``loss_terms`` (CalibRL): registered per-token terms (``algo.loss_terms``), with expert rows when needed;
+- ``loss_terms`` (CalibRL, PACS, FRPO): registered per-token / per-sequence terms (``algo.loss_terms``), with expert rows when needed;
 - ``behaviour_cloning`` (VLA-RFT): drift-gated BC on the warm start's examples (``algo.bc_coef`` > 0);
 - ``rehearsal`` (DPH-RL): an f-divergence to π_0 on its own always-solved samples (``algo.rehearsal_divergence``).
 """
@@ -41,7 +42,7 @@ from mmrl.algos.sampling import groups_with_signal
 from mmrl.algos.variants.adaptive_sampling import ROLLOUT_STRATEGIES
 from mmrl.algos.variants.divergences import REHEARSAL_DIVERGENCES
 from mmrl.algos.variants.history import PromptHistory, prompt_key
-from mmrl.algos.variants.loss_terms import LOSS_TERMS, LossTermInputs, LossTermRows
+from mmrl.algos.variants.loss_terms import LOSS_TERMS, LossTermInputs, LossTermRows, group_counts
 from mmrl.algos.variants.param_noise import perturbed_parameters
 from mmrl.algos.variants.params import algo_needs, variant_params
 from mmrl.algos.variants.prompt_temperature import TEMPERATURE_SCHEDULES, PromptTemperatures
@@ -206,13 +207,33 @@ class PromptHistoryHook(RolloutHook):
         all_keys, outcomes = self.engine.gather_objects(keys, batch.outcome.tolist())
         if np.isfinite(outcomes).all():
             self.history.update(all_keys, outcomes)
-        return dataclasses.replace(batch, row_inputs={"prompt_successes": successes, "prompt_failures": failures})
+        return dataclasses.replace(batch, row_inputs={**batch.row_inputs, "prompt_successes": successes,
+                                                      "prompt_failures": failures})
 
     def state_dict(self) -> dict[str, Any]:
         return {"prompt_history": self.history.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.history.load_state_dict(state["prompt_history"])
+
+
+def output_key(output: Any) -> str:
+    """What makes two outputs "the same" for set diversity: the text itself, else its ``repr``."""
+    return output if isinstance(output, str) else repr(output)
+
+
+class OutputClasses(RolloutHook):
+    """For estimators that declare the ``output_classes`` need (Polychromic PPO's set diversity): each row's
+    class of equal decoded outputs (``AdvantageInputs.output_class``, [N] long; equal ids = equal outputs)."""
+
+    def __init__(self, ctx: HookContext):
+        pass
+
+    def finish(self, batch: Scored) -> Scored:
+        ids: dict[str, int] = {}
+        classes = [ids.setdefault(output_key(o), len(ids)) for o in batch.rollout.outputs]
+        return dataclasses.replace(batch, row_inputs={**batch.row_inputs,
+                                                      "output_class": torch.tensor(classes, dtype=torch.long)})
 
 
 class KeepSuccesses(RolloutHook):
@@ -279,6 +300,7 @@ ROLLOUT_HOOKS.register("keep_successes", HookSpec(lambda cfg: cfg.rollout.keep_s
                                                    KeepSuccesses))
 ROLLOUT_HOOKS.register("prompt_history", HookSpec(lambda cfg: "prompt_history" in algo_needs(cfg.algo),
                                                   PromptHistoryHook))
+ROLLOUT_HOOKS.register("output_classes", HookSpec(lambda cfg: "output_classes" in algo_needs(cfg.algo), OutputClasses))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -294,20 +316,25 @@ class LossTerms(LossHook):
         self.with_expert = "expert_rows" in algo_needs(ctx.cfg.algo)
 
     def prepare(self, batch: Scored) -> None:
+        group_id = batch.rollout.group_id
+        groups = (group_id, group_counts(group_id))
         if not self.with_expert:
-            self.rows = LossTermRows(batch.outcome, None, None)
+            self.rows = LossTermRows(batch.outcome, None, None, *groups)
             return
         references = [self.ctx.task.reference_output(e) for e in batch.examples]
         expert = self.ctx.policy.rollout_from_outputs(batch.examples, references, training_sampling(self.ctx.cfg))
         index = batch.rollout.example_index
-        self.rows = LossTermRows(batch.outcome, expert.logp[index], expert.mask[index])
+        self.rows = LossTermRows(batch.outcome, expert.logp[index], expert.mask[index], *groups)
 
     def micro_term(self, micro: MicroBatch) -> tuple[Tensor | None, dict[str, float]]:
         a, total, metrics = self.ctx.cfg.algo, None, {}
         inputs = LossTermInputs(micro.logp, micro.logp_old, micro.advantages, micro.mask, self.rows.select(micro.rows))
         for name in a.loss_terms:
-            per_token, term_metrics = LOSS_TERMS.get(name)(inputs, a)
-            value = aggregate(per_token, micro.mask, a.loss_agg, **micro.denominators)
+            loss, term_metrics = LOSS_TERMS.get(name)(inputs, a)
+            if loss.dim() == 1:  # per-sequence: a mean over the global minibatch's sequences
+                value = loss.sum() / micro.denominators["num_seqs"]
+            else:
+                value = aggregate(loss, micro.mask, a.loss_agg, **micro.denominators)
             total = value if total is None else total + value
             metrics |= {f"loss/{name}": value.item(), **{k: float(v) for k, v in term_metrics.items()}}
         return total, metrics

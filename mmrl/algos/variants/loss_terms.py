@@ -1,11 +1,13 @@
 """Extra per-token loss terms added to the policy objective (``algo.loss_terms``).
 
-A term is a pure function ``(inputs: LossTermInputs, cfg) -> (loss [n, T], metrics)`` registered in
-:data:`LOSS_TERMS`; the trainer aggregates the returned per-token loss with ``algo.loss_agg`` and the
-global minibatch denominators (as the PPO term), adds it to the total, and logs it as
-``loss/<name>``. The returned loss already carries the term's coefficient. What a term reads
+A term is a pure function ``(inputs: LossTermInputs, cfg) -> (loss [n, T] or [n], metrics)`` registered
+in :data:`LOSS_TERMS`; the trainer aggregates a per-token loss [n, T] with ``algo.loss_agg`` and the
+global minibatch denominators (as the PPO term), and a per-sequence loss [n] as a mean over the global
+minibatch's sequences (Σ_i ℓ_i / num_seqs: objectives defined per response, e.g. PACS's BCE), adds it
+to the total, and logs it as ``loss/<name>``. The returned loss already carries the term's coefficient. What a term reads
 beyond the current / old log-probs and advantages comes from :class:`LossTermRows` (per rollout
-row: the verifiable outcome and, for terms that declare the ``"expert_rows"`` need, the π_old
+row: the verifiable outcome, the row's group and its size in the step's batch, and, for terms that
+declare the ``"expert_rows"`` need, the π_old
 log-probs of the task's reference output for the row's prompt, scored by
 ``Policy.rollout_from_outputs``, the mechanism of ViSurf's ``rollout.reference_rows``).
 
@@ -45,12 +47,38 @@ class LossTermRows:
     outcome: Tensor  # [N] verifiable score of each row
     expert_logp: Tensor | None  # [N, T_e] π_old log-probs of the row's prompt's expert output (0 on padding)
     expert_mask: Tensor | None  # [N, T_e] float {0,1}: the expert's real tokens
+    group_id: Tensor | None = None  # [N] long: the row's group (rows answering the same prompt)
+    group_count: Tensor | None = None  # [N] long: rows of the row's group in the step's batch
 
     def select(self, index: Tensor) -> LossTermRows:
         """Rows ``index`` ([k] long)."""
-        return LossTermRows(self.outcome[index],
-                            None if self.expert_logp is None else self.expert_logp[index],
-                            None if self.expert_mask is None else self.expert_mask[index])
+
+        def rows(x: Tensor | None) -> Tensor | None:
+            return None if x is None else x[index]
+
+        return LossTermRows(self.outcome[index], rows(self.expert_logp), rows(self.expert_mask), rows(self.group_id),
+                            rows(self.group_count))
+
+
+def group_counts(group_id: Tensor) -> Tensor:
+    """[N] long: how many rows share each row's group."""
+    _, inverse, counts = torch.unique(group_id, return_inverse=True, return_counts=True)
+    return counts[inverse]
+
+
+def whole_groups(rows: LossTermRows, term: str) -> tuple[Tensor, Tensor]:
+    """(group index [n] long in 0..g−1, group count g) of the rows, checked to hold every row of each of
+    their groups: terms that compare a row with its whole group (PACS, FRPO) need micro-batches of whole
+    groups (``trainer.micro_batch_size`` a multiple of ``rollout.group_size``)."""
+    if rows.group_id is None or rows.group_count is None:
+        raise ValueError(f"the {term} loss term needs the rows' groups (LossTermRows.group_id / group_count)")
+    uniq, inverse = torch.unique(rows.group_id, return_inverse=True)
+    present = torch.zeros(len(uniq), dtype=torch.long).index_add_(0, inverse.cpu(), torch.ones_like(inverse.cpu()))
+    if not torch.equal(present[inverse.cpu()], rows.group_count.cpu().long()):
+        raise ValueError(f"the {term} loss term compares each row with its whole group, but a micro-batch holds "
+                         f"part of a group: make trainer.micro_batch_size a multiple of rollout.group_size (and do "
+                         f"not mix it with hooks that add rows to groups, e.g. rollout.reference_rows)")
+    return inverse, len(uniq)
 
 
 @dataclass(frozen=True)

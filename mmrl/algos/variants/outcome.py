@@ -15,6 +15,7 @@ score such as the sanity task's position accuracy is treated as a soft success);
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -114,10 +115,7 @@ def noisy_backward_advantage(inp: AdvantageInputs, cfg: AlgoConfig) -> tuple[Ten
         raise ValueError("algo.extra.noisy_backward.base must be a plain estimator (grpo, rloo, psr, ...)")
     rho0, rho1 = _noise_rates(params)
     rewards = backward_corrected_rewards(unit_rewards(inp.rewards, "noisy_backward"), rho0, rho1)
-    corrected = AdvantageInputs(rewards=rewards, mask=inp.mask, group_id=inp.group_id, step_rewards=inp.step_rewards,
-                                values=inp.values, dones=inp.dones, kl=inp.kl,
-                                prompt_successes=inp.prompt_successes, prompt_failures=inp.prompt_failures)
-    return ADVANTAGE_ESTIMATORS.get(params.base)(corrected, cfg)
+    return ADVANTAGE_ESTIMATORS.get(params.base)(dataclasses.replace(inp, rewards=rewards), cfg)
 
 
 @ADVANTAGE_ESTIMATORS.register("noisy_forward")

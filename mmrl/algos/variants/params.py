@@ -15,7 +15,11 @@ A variant may also need information the trainer only computes on request (``need
   :class:`~mmrl.algos.variants.history.PromptHistory`, checkpointed);
 - ``"ref_logp"``: reference log-probs (``trainer.ref_model`` must not be ``none``);
 - ``"expert_rows"``: the current policy's log-probs of the task's reference output for each prompt
-  (``Policy.rollout_from_outputs``), given to the loss terms in ``LossTermRows`` (CalibRL).
+  (``Policy.rollout_from_outputs``), given to the loss terms in ``LossTermRows`` (CalibRL);
+- ``"output_classes"``: which rows of a group decoded to equal outputs, in ``AdvantageInputs.output_class``
+  (Polychromic PPO's set diversity);
+- ``"whole_groups"``: every micro-batch holds whole groups (``trainer.micro_batch_size`` a multiple of
+  ``rollout.group_size``), for loss terms that compare a row with its whole group (PACS, FRPO).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from typing import Any
 
 from mmrl.algos.config import AlgoConfig
 
-NEEDS_KINDS = frozenset({"entropy", "prompt_history", "ref_logp", "expert_rows"})
+NEEDS_KINDS = frozenset({"entropy", "prompt_history", "ref_logp", "expert_rows", "output_classes", "whole_groups"})
 
 
 Needs = tuple[str, ...] | Callable[[Any], tuple[str, ...]]
