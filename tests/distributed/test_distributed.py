@@ -213,3 +213,27 @@ def test_seed_per_example_makes_two_processes_draw_the_one_process_rollouts(tmp_
     for a, b in zip(one[2:], two[2:]):
         assert a["reward/mean"] == pytest.approx(b["reward/mean"], abs=1e-4), (a, b)
     assert one[-1]["eval/reward_mean"] == pytest.approx(two[-1]["eval/reward_mean"], abs=1e-4)
+
+
+def test_a_multi_stage_program_runs_on_two_processes(tmp_path):
+    """RL that keeps its successes (both processes' rows) → RFT on the main process → RL from its result."""
+    import yaml
+
+    data = yaml.safe_load((ROOT / "configs/rloop/tiny_cpu.yaml").read_text())
+    data["trainer"] |= {"steps": 2, "minibatches": 1, "ppo_epochs": 1}
+    data["rollout"] |= {"prompts_per_step": 8, "group_size": 4}
+    data |= {"eval": {"every": 2, "num_examples": 16}, "log": {"progress": False, "tensorboard": False}}
+    data["stages"] = [{"name": "rl1"}, {"name": "rft1", "kind": "rft", "init": "rl1@start", "data": ["rl1"],
+                                        "overrides": {"warm_start.sft_steps": 3, "warm_start.batch_size": 8}},
+                      {"name": "rl2"}]
+    recipe = tmp_path / "program.yaml"
+    recipe.write_text(yaml.safe_dump(data))
+    out = tmp_path / "run"
+    run([*launch_two(free_port()), "-m", "mmrl.cli", "train", str(recipe), "--out", str(out), "--no-plot"],
+        env_for(tmp_path), timeout=300)
+    state = json.loads((out / "program.json").read_text())
+    assert [d["name"] for d in state["done"]] == ["rl1", "rft1", "rl2"]
+    kept = sorted(p.name for p in (out / "stages/01_rl1/kept").iterdir())
+    assert kept == ["step_1.rank0.pkl", "step_1.rank1.pkl", "step_2.rank0.pkl", "step_2.rank1.pkl"]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["stage"] for r in rows if "eval/reward_mean" in r] == ["rl1", "rl1", "rft1", "rl2", "rl2"]
