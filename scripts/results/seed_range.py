@@ -23,11 +23,18 @@ from pathlib import Path
 from mmrl.core.logging import read_metrics
 
 
-def run(recipe: str, out: Path, seed: int, threads: int, overrides: list[str], rerun: bool) -> list[dict]:
+def run(recipe: str, out: Path, seed: int, threads: int, overrides: list[str], rerun: bool,
+        fresh_caches: set[Path] | None = None) -> list[dict]:
+    """One run. With ``fresh_caches`` (a set of caches already emptied by this invocation) every seed at a
+    thread count shares one cache, emptied before its first run; otherwise each run has its own."""
     name = f"s{seed}_t{threads}"
-    folder, cache = out / name, out / f"cache_{name}"
+    folder = out / name
+    cache = out / (f"cache_t{threads}" if fresh_caches is not None else f"cache_{name}")
     if rerun or not (folder / "metrics.jsonl").is_file() or not (folder / "checkpoints").is_dir():
-        shutil.rmtree(cache, ignore_errors=True)
+        if fresh_caches is None or cache not in fresh_caches:
+            shutil.rmtree(cache, ignore_errors=True)
+            if fresh_caches is not None:
+                fresh_caches.add(cache)
         env = os.environ | {"MMRL_CACHE": str(cache), "OMP_NUM_THREADS": str(threads)}
         subprocess.run([sys.executable, "-m", "mmrl.cli", "train", recipe, "--out", str(folder), "--overwrite",
                         "--no-plot", f"trainer.seed={seed}", f"warm_start.seed={seed}", f"trainer.threads={threads}",
@@ -43,12 +50,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--metric", default="eval/reward_mean")
     parser.add_argument("--rerun", action="store_true")
+    parser.add_argument("--cache-per-threads", action="store_true",
+                        help="share one cache (emptied first) across the seeds of a thread count: for recipes whose "
+                             "pretrained start does not depend on the seed (imagegen, VAR), trained once per thread count")
     parser.add_argument("overrides", nargs="*", help="dotted overrides for every run")
     args = parser.parse_args()
-    table = {}
+    table, fresh = {}, (set() if args.cache_per_threads else None)
     for threads in args.threads:
         for seed in args.seeds:
-            evals = [r for r in run(args.recipe, args.out, seed, threads, args.overrides, args.rerun) if args.metric in r]
+            evals = [r for r in run(args.recipe, args.out, seed, threads, args.overrides, args.rerun, fresh) if args.metric in r]
             table[f"s{seed}_t{threads}"] = {"seed": seed, "threads": threads, "step": evals[-1]["step"],
                                             "before": evals[0][args.metric], "after": evals[-1][args.metric]}
     (args.out / "summary.json").write_text(json.dumps(table, indent=1))
