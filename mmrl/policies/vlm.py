@@ -397,12 +397,34 @@ class VLMPolicy(Policy):
         for i, target in enumerate(targets):
             if not isinstance(target, str) or not target:
                 raise ValueError(f"SFT target {i} must be a non-empty string, got {target!r}")
+        return self.completion_payload(examples, targets, 1.0)
+
+    def completion_payload(self, examples: Sequence[Any], texts: Sequence[str], temperature: float) -> VLMPayload:
+        """``texts[i]`` + EOS as the completion of ``examples[i]``'s prompt, at ``temperature``."""
+        if len(examples) != len(texts):
+            raise ValueError(f"{len(examples)} examples for {len(texts)} outputs")
         tokenizer = self.processor.tokenizer
         eos = tokenizer.convert_ids_to_tokens(self.eos_ids[0])
-        enc = tokenizer([t + eos for t in targets], padding=True, padding_side="right", return_tensors="pt",
+        enc = tokenizer([t + eos for t in texts], padding=True, padding_side="right", return_tensors="pt",
                         add_special_tokens=False)
         return VLMPayload(self.encode(examples), enc["input_ids"], enc["attention_mask"],
-                          torch.ones(len(examples), dtype=torch.float32))
+                          torch.full((len(examples),), temperature, dtype=torch.float32))
+
+    @torch.no_grad()
+    def rollout_from_outputs(self, examples: Sequence[Any], outputs: Sequence[str],
+                             sampling: SamplingParams) -> Rollout:
+        """Rows for given outputs (each followed by EOS, as sampled ones end), scored as ``forward`` scores them
+        at ``sampling.temperature``: the task's reference answers in a group (ViSurf, CalibRL), or samples
+        drawn in another context re-scored in this one (Guide)."""
+        payload = self.completion_payload(examples, [str(o) for o in outputs], sampling.temperature)
+        was_training = self.model.training
+        self.model.eval()
+        out = self.score(payload)
+        self.model.train(was_training)
+        mask = payload.completion_mask.float()
+        index = torch.arange(len(examples))
+        return Rollout(logp=out.logp.cpu().float() * mask, mask=mask, group_id=index.clone(), example_index=index,
+                       outputs=list(outputs), payload=payload, policy_version=self.version)
 
     @property
     def vision_encoder(self) -> torch.nn.Module:

@@ -258,3 +258,18 @@ def test_qwen3_vl_spec_matches_on_policy_and_refuses_missing_token_types():
     assert ((policy(rollout).logp - rollout.logp).abs() * rollout.mask).max() < 1e-5
     with pytest.raises(ValueError, match="mm_token_type_ids"):
         policy.score(rollout.payload, with_token_types=False)
+
+
+def test_given_outputs_are_scored_like_sft_targets_at_the_sampling_temperature(policy):
+    """``rollout_from_outputs`` (ViSurf's reference rows, CalibRL's expert, Guide's re-scoring) on the VLM:
+    one row per output, its log-probs those the SFT loss trains (at T = 1), tempered at another T."""
+    examples = mixed_examples()
+    outputs = ["red", "yes", "3", "green"]
+    given = policy.rollout_from_outputs(examples, outputs, SamplingParams(temperature=1.0))
+    assert given.group_id.tolist() == [0, 1, 2, 3] and given.outputs == outputs
+    nll = -(given.logp.sum() / given.mask.sum())
+    assert torch.allclose(nll, policy.sft_loss(examples, outputs).detach(), atol=1e-5)
+    hot = policy.rollout_from_outputs(examples, outputs, SamplingParams(temperature=2.0))
+    assert torch.equal(hot.mask, given.mask) and not torch.allclose(hot.logp, given.logp)
+    empty = policy.rollout_from_outputs(examples[:1], [""], SamplingParams(temperature=1.0))
+    assert empty.mask.sum() == 1  # an empty answer is its EOS alone
