@@ -92,6 +92,11 @@ class AlgoConfig:
     overlong_factor: float = 1.0
     """Multiplier of the overlong penalty."""
 
+    guide: bool = False
+    """Guide (seed #63): groups whose samples all fail are drawn again with a hint in the context
+    (``task.hinted``), and trained as answers to the hint-free prompt with the importance ratio
+    π_θ(y|x) / π_old(y|x, hint) (``extra.guide``; mmrl/algos/variants/hooks.py ``Guide``)."""
+
     rollout_strategy: str = "plain"
     """Registered rollout strategy (mmrl/algos/variants/adaptive_sampling.py): plain (``group_size``
     samples per prompt, all trained on) | aero (AERO adaptive rollouts, arXiv 2602.14338: rescue of

@@ -496,6 +496,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     if cfg.trainer.ref_model == "adapter_disabled" and cfg.warm_start.sft_steps > 0:
         problems.append("trainer.ref_model: adapter_disabled would make the pre-warm-start base the reference; "
                         "use trainer.ref_model: copy with a warm start")
+    if a.guide and cfg.trainer.recompute_logp_old:
+        problems.append("algo.guide trains hinted rows with π_old(y | x, hint) as π_old: trainer.recompute_logp_old "
+                        "would replace it with π_old(y | x) and undo the correction")
     if a.tis_cap is not None and not cfg.trainer.recompute_logp_old:
         problems.append("algo.tis_cap needs trainer.recompute_logp_old: true (else π_old is the behaviour policy)")
     if a.dynamic_sampling and cfg.rollout.group_size < 2:

@@ -91,6 +91,15 @@ class Task(Protocol):
     def reference_output(self, example: Any) -> Any: ...
 
 
+@runtime_checkable
+class HintedTask(Protocol):
+    """A task that can put a hint toward an example's answer into its context (Guide, ``algo.guide``)."""
+
+    def hinted(self, example: Any) -> Any:
+        """``example`` with a hint in its prompt; the same answer and reward."""
+        ...
+
+
 @dataclass
 class PolicyOutput:
     """What a re-scoring forward returns, aligned with ``rollout.mask``."""

@@ -15,6 +15,8 @@ naming the file, the row and the image path.
 
 from __future__ import annotations
 
+import dataclasses
+
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,6 +74,9 @@ class RowsConfig:
     """Arrow cache of converted files (default ``$MMRL_CACHE/datasets``; ``datasets``' own default is under ~)."""
     validate_rows: int = 8
     """Rows of each split checked fully (images opened) when the task is built, before training."""
+    hint_template: str | None = None
+    """The prompt with a hint, for Guide (``algo.guide``): a Python format string with ``{prompt}`` (the
+    templated prompt) and every column, e.g. ``"{prompt}\nHint: {solution}"``. None: the task gives no hints."""
 
 
 @dataclass(frozen=True)
@@ -245,6 +250,20 @@ class RowsTask:
             metrics[name] = float(np.mean([r.components.get(name, 0.0) for r in results]))
         metrics["error_rate"] = float(np.mean([r.components.get("errors", 0.0) for r in results]))
         return metrics
+
+    def hinted(self, example: RowExample) -> RowExample:
+        """``example`` with ``hint_template`` applied to its prompt (Guide)."""
+        if self.cfg.hint_template is None:
+            raise ConfigError("algo.guide needs hints: set task.args.hint_template (e.g. \"{prompt}\\nHint: {hint}\")")
+        try:
+            prompt = self.cfg.hint_template.format(**{**example.columns, "prompt": example.prompt})
+        except (KeyError, IndexError, ValueError) as err:
+            raise DataError(f"{example.where}: task.args.hint_template cannot be filled ({err!r}); its fields are "
+                            f"prompt and the columns {sorted(example.columns)}") from None
+        if prompt.count(IMAGE_PLACEHOLDER) != len(example.images):
+            raise DataError(f"{example.where}: task.args.hint_template must keep the prompt's {IMAGE_PLACEHOLDER} "
+                            f"placeholders (write {{prompt}} once)")
+        return dataclasses.replace(example, prompt=prompt)
 
     def reference_output(self, example: RowExample) -> str:
         if example.answer is None:

@@ -6,6 +6,7 @@ Rollout hooks — ``draw`` wrappers nest first-outermost, ``refine`` runs in thi
 - ``reference_rows`` (ViSurf): the task's reference output joins each group (``rollout.reference_rows`` > 0);
 - ``prompt_temperature`` (ERPO): each prompt sampled at its own temperature (``algo.temperature_schedule``),
   its table updated from the round's rows, reference rows included;
+- ``guide`` (Guide): groups that all failed are drawn again with a hint, trained without it (``algo.guide``);
 - ``rollout_strategy`` (AERO): more samples for some prompts, then a row selection (``algo.rollout_strategy``);
 - ``dynamic_sampling`` (DAPO): rounds of new prompts until enough groups carry signal (``algo.dynamic_sampling``);
 - ``keep_successes`` (RLoop): the step's rows that succeeded, kept on disk for a later ``rft`` stage
@@ -23,6 +24,7 @@ Loss hooks, in the order their terms are added:
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 import itertools
 import os
 import pickle
@@ -44,8 +46,9 @@ from mmrl.algos.variants.divergences import REHEARSAL_DIVERGENCES
 from mmrl.algos.variants.history import PromptHistory, prompt_key
 from mmrl.algos.variants.loss_terms import LOSS_TERMS, LossTermInputs, LossTermRows, group_counts
 from mmrl.algos.variants.param_noise import perturbed_parameters
-from mmrl.algos.variants.params import algo_needs, variant_params
+from mmrl.algos.variants.params import algo_needs, declare_variant, variant_params
 from mmrl.algos.variants.prompt_temperature import TEMPERATURE_SCHEDULES, PromptTemperatures
+from mmrl.core.contracts import HintedTask
 from mmrl.core.rollout import Rollout, SamplingParams, derive_seed
 from mmrl.core.scored import Scored
 
@@ -137,6 +140,64 @@ class ReferenceRows(RolloutHook):
                                                           [task.reference_output(examples[i]) for i in index.tolist()],
                                                           round_.sampling)
         return part.extend(self.ctx.score(references.replace(example_index=index, group_id=index.clone()), examples))
+
+
+@dataclass(frozen=True)
+class GuideParams:
+    fail_threshold: float = 0.0
+    """A group is guided when no sample scores above this (Guide: "all rollouts initially incorrect")."""
+
+
+declare_variant("guide", GuideParams)
+
+
+class Guide(RolloutHook):
+    """Guide (seed #63, Guide-GRPO): every group of the round whose samples all fail (score ≤
+    ``fail_threshold``) is drawn again from the prompt with a hint (``task.hinted(example)``), and those rows
+    replace the group. They are trained as answers to the hint-free prompt x: each row's π_old is the
+    behaviour policy's, π_old(y | x, hint), so PPO's ratio is π_θ(y | x) / π_old(y | x, hint), the paper's
+    correction that optimises the policy for contexts without the hint. Both sides are re-scored with
+    ``rollout_from_outputs`` so that they share one tokenisation. The reward is the hint-free example's.
+
+    INFERRED (the abstract does not say): the hinted rows replace the failed group (rather than joining it),
+    with the group's own size, and the hint comes from the task (``task.hinted``)."""
+
+    def __init__(self, ctx: HookContext):
+        if not isinstance(ctx.task, HintedTask):
+            raise ValueError(f"algo.guide needs a task that can give hints (a hinted(example) method); "
+                             f"{ctx.cfg.task.name} has none (data/rows-v0 does: task.args.hint_template)")
+        ctx.task.hinted(ctx.task.sample_batch("train", 1, np.random.default_rng(0))[0])  # no hints: fail now
+        self.ctx, self.params = ctx, variant_params(ctx.cfg.algo, "guide")
+        self.guided = self.solved = 0
+
+    def refine(self, part: Scored, round_: Round) -> Scored:
+        rollout = part.rollout
+        best = torch.full((len(part.examples),), -torch.inf).scatter_reduce(
+            0, rollout.example_index, part.outcome.float(), reduce="amax")
+        failed = [g for g in range(len(part.examples)) if best[g] <= self.params.fail_threshold]
+        if not failed:
+            return part
+        task, policy, size = self.ctx.task, self.ctx.policy, self.ctx.cfg.rollout.samples_per_group
+        hinted = [task.hinted(part.examples[g]) for g in failed]
+        drawn = round_.draw(hinted, size, round_.sampling, derive_seed(round_.seed, 63))
+        which = drawn.example_index.tolist()
+        plain = policy.rollout_from_outputs([part.examples[failed[i]] for i in which], drawn.outputs, round_.sampling)
+        behaviour = policy.rollout_from_outputs([hinted[i] for i in which], drawn.outputs, round_.sampling)
+        index = torch.tensor([failed[i] for i in which], dtype=torch.long)
+        rows = plain.replace(logp=behaviour.logp, example_index=index, group_id=index.clone())
+        guided = self.ctx.score(rows, part.examples)
+        keep = (~torch.isin(rollout.example_index, torch.tensor(failed))).nonzero().squeeze(1)
+        kept = Scored(rollout.select(keep), part.examples, [part.results[i] for i in keep.tolist()],
+                      part.outcome[keep], part.rewards[keep])
+        self.guided += len(failed)
+        self.solved += int(torch.unique(index[guided.outcome > self.params.fail_threshold]).numel())
+        return kept.extend(guided)
+
+    def metrics(self) -> dict[str, float]:
+        engine = self.ctx.engine
+        metrics = {"rollout/guided_groups": engine.sum(self.guided), "rollout/guided_solved": engine.sum(self.solved)}
+        self.guided = self.solved = 0
+        return metrics
 
 
 class RolloutStrategy(RolloutHook):
@@ -293,6 +354,7 @@ ROLLOUT_HOOKS.register("param_noise", HookSpec(lambda cfg: cfg.rollout.param_noi
 ROLLOUT_HOOKS.register("reference_rows", HookSpec(lambda cfg: cfg.rollout.reference_rows > 0, ReferenceRows))
 ROLLOUT_HOOKS.register("prompt_temperature", HookSpec(lambda cfg: cfg.algo.temperature_schedule != "fixed",
                                                       PromptTemperature))
+ROLLOUT_HOOKS.register("guide", HookSpec(lambda cfg: cfg.algo.guide, Guide))
 ROLLOUT_HOOKS.register("rollout_strategy", HookSpec(lambda cfg: cfg.algo.rollout_strategy != "plain",
                                                     RolloutStrategy))
 ROLLOUT_HOOKS.register("dynamic_sampling", HookSpec(lambda cfg: cfg.algo.dynamic_sampling, DynamicSampling))
