@@ -97,6 +97,11 @@ class AlgoConfig:
     (``task.hinted``), and trained as answers to the hint-free prompt with the importance ratio
     π_θ(y|x) / π_old(y|x, hint) (``extra.guide``; mmrl/algos/variants/hooks.py ``Guide``)."""
 
+    feedback_turns: int = 0
+    """Multi-turn feedback-guided RL (seed #28): a row that fails gets the task's feedback
+    (``task.feedback``) as a user turn and is answered again, up to this many extra turns; the new answers
+    join their prompt's group (``extra.feedback_turns``; mmrl/algos/variants/hooks.py ``FeedbackTurns``). 0: off."""
+
     rollout_strategy: str = "plain"
     """Registered rollout strategy (mmrl/algos/variants/adaptive_sampling.py): plain (``group_size``
     samples per prompt, all trained on) | aero (AERO adaptive rollouts, arXiv 2602.14338: rescue of

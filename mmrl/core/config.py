@@ -331,7 +331,7 @@ FIELD_RANGES: dict[str, Range] = {
     "algo.kl_coef": AT_LEAST_0, "algo.entropy_coef": AT_LEAST_0, "algo.bc_coef": AT_LEAST_0,
     "algo.bc_kl_threshold": POSITIVE, "algo.bc_batch_size": AT_LEAST_1, "algo.value_coef": AT_LEAST_0,
     "algo.value_clip": POSITIVE, "algo.value_huber_delta": POSITIVE, "algo.adv_clip": POSITIVE,
-    "algo.max_gen_rounds": AT_LEAST_1, "algo.overlong_max_len": AT_LEAST_1, "algo.overlong_buffer": AT_LEAST_0,
+    "algo.max_gen_rounds": AT_LEAST_1, "algo.feedback_turns": AT_LEAST_0, "algo.overlong_max_len": AT_LEAST_1, "algo.overlong_buffer": AT_LEAST_0,
     "algo.overlong_factor": AT_LEAST_0,
 }
 

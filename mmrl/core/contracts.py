@@ -91,6 +91,45 @@ class Task(Protocol):
     def reference_output(self, example: Any) -> Any: ...
 
 
+@dataclass(frozen=True)
+class FollowUp:
+    """A later turn of an episode: ``base``'s prompt, then ``history``, the (role, text) turns since, ending
+    with a user turn (the verifier's feedback); the policy answers next. The reward stays ``base``'s.
+
+    Policies render ``history`` after the prompt: chat models as assistant / user messages, plain causal LMs
+    as the texts appended in order (the task's feedback text carries whatever re-prompt its format needs).
+    Only the new answer's tokens are decisions: the earlier turns are context."""
+
+    base: Any
+    history: tuple[tuple[str, str], ...]
+
+    @property
+    def prompt(self) -> str:
+        return self.base.prompt
+
+    @property
+    def images(self) -> tuple[Any, ...]:
+        return tuple(getattr(self.base, "images", ()))
+
+    @property
+    def system(self) -> str | None:
+        return getattr(self.base, "system", None)
+
+
+def turns_of(example: Any) -> tuple[tuple[str, str], ...]:
+    """The (role, text) turns after the prompt (none for a first turn)."""
+    return example.history if isinstance(example, FollowUp) else ()
+
+
+@runtime_checkable
+class FeedbackTask(Protocol):
+    """A task whose checker can say why an answer is wrong (multi-turn feedback, ``algo.feedback_turns``)."""
+
+    def feedback(self, example: Any, output: Any, result: RewardResult) -> str | None:
+        """The next user turn after ``output`` (e.g. which fields are wrong), or None: nothing to say."""
+        ...
+
+
 @runtime_checkable
 class HintedTask(Protocol):
     """A task that can put a hint toward an example's answer into its context (Guide, ``algo.guide``)."""

@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedTokenizerFast
 
-from mmrl.core.contracts import Policy, PolicyOutput
+from mmrl.core.contracts import Policy, PolicyOutput, turns_of
 from mmrl.core.paths import resolve_asset
 from mmrl.policies.lora import add_lora, load_lora_weights
 from mmrl.policies.tokens import (TokenPayload, completion_mask_from_eos, positions_from_mask,
@@ -50,6 +50,11 @@ class CausalLMConfig:
     lora_dropout: float = 0.0
     lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
     """Module names that get adapters (Qwen / Llama attention projections by default)."""
+
+
+def prompt_text(example: Any) -> str:
+    """The text the model continues: the prompt, then any earlier turns (:class:`FollowUp`) in order."""
+    return example.prompt + "".join(text for _, text in turns_of(example))
 
 
 def char_tokenizer(chars: str) -> PreTrainedTokenizerFast:
@@ -174,7 +179,7 @@ class CausalLMPolicy(Policy):
 
     @torch.no_grad()
     def rollout(self, examples: Sequence[Any], group_size: int, sampling: SamplingParams, seed: int) -> Rollout:
-        prompts = [ex.prompt for ex in examples for _ in range(group_size)]
+        prompts = [prompt_text(ex) for ex in examples for _ in range(group_size)]
         prompt_ids, prompt_mask = self._encode_prompts(prompts)
         greedy = sampling.temperature == 0
         was_training = self.model.training
@@ -232,7 +237,7 @@ class CausalLMPolicy(Policy):
         """Rows for given completions (each followed by EOS, as sampled ones end), scored as ``forward`` scores."""
         if len(examples) != len(outputs):
             raise ValueError(f"{len(examples)} examples for {len(outputs)} outputs")
-        prompt_ids, prompt_mask = self._encode_prompts([ex.prompt for ex in examples])
+        prompt_ids, prompt_mask = self._encode_prompts([prompt_text(ex) for ex in examples])
         enc = self.tokenizer([o + self.tokenizer.eos_token for o in outputs], padding=True, padding_side="right",
                              return_tensors="pt", add_special_tokens=False)
         payload = TokenPayload(prompt_ids.cpu(), prompt_mask.cpu(), enc["input_ids"], enc["attention_mask"],
@@ -248,7 +253,7 @@ class CausalLMPolicy(Policy):
                        values=None if out.values is None else out.values.cpu())
 
     def sft_loss(self, examples: Sequence[Any], targets: Sequence[str]) -> torch.Tensor:
-        prompt_ids, prompt_mask = self._encode_prompts([ex.prompt for ex in examples])
+        prompt_ids, prompt_mask = self._encode_prompts([prompt_text(ex) for ex in examples])
         eos = self.tokenizer.eos_token
         enc = self.tokenizer([t + eos for t in targets], padding=True, padding_side="right",
                              return_tensors="pt", add_special_tokens=False)

@@ -32,7 +32,7 @@ from torch.nn import functional as F
 from transformers import AutoModelForImageTextToText, AutoProcessor, GenerationConfig
 
 from mmrl.core.config import ConfigError
-from mmrl.core.contracts import IMAGE_PLACEHOLDER, Policy, PolicyOutput
+from mmrl.core.contracts import IMAGE_PLACEHOLDER, Policy, PolicyOutput, turns_of
 from mmrl.policies.lora import BASE_FOLDER, add_lora, load_lora_weights
 from mmrl.policies.tokens import positions_from_mask, token_logprobs
 from mmrl.core.rollout import Rollout, SamplingParams
@@ -238,7 +238,8 @@ class VLMPolicy(Policy):
                 content.append({"type": "image", "image": checked_image(images[i], index, i),
                                 "min_pixels": self.min_pixels, "max_pixels": self.max_pixels})
         user = {"role": "user", "content": content}
-        return [{"role": "system", "content": system}, user] if system is not None else [user]
+        later = [{"role": role, "content": [{"type": "text", "text": text}]} for role, text in turns_of(example)]
+        return ([{"role": "system", "content": system}] if system is not None else []) + [user, *later]
 
     def encode(self, examples: Sequence[Any]) -> VisionPrompts:
         """Examples → model inputs (one row each), with the prompt-length check up front."""

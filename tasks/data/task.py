@@ -74,6 +74,10 @@ class RowsConfig:
     """Arrow cache of converted files (default ``$MMRL_CACHE/datasets``; ``datasets``' own default is under ~)."""
     validate_rows: int = 8
     """Rows of each split checked fully (images opened) when the task is built, before training."""
+    feedback_template: str | None = None
+    """The user turn after a wrong answer, for multi-turn feedback (``algo.feedback_turns``): a Python format
+    string with ``{output}``, ``{reason}`` (the verifier's note), ``{score}`` and every column, e.g.
+    ``"\\nNo ({reason}). Try again.\\nA:"``. None: the task gives no feedback."""
     hint_template: str | None = None
     """The prompt with a hint, for Guide (``algo.guide``): a Python format string with ``{prompt}`` (the
     templated prompt) and every column, e.g. ``"{prompt}\nHint: {solution}"``. None: the task gives no hints."""
@@ -250,6 +254,20 @@ class RowsTask:
             metrics[name] = float(np.mean([r.components.get(name, 0.0) for r in results]))
         metrics["error_rate"] = float(np.mean([r.components.get("errors", 0.0) for r in results]))
         return metrics
+
+    def feedback(self, example: RowExample, output: Any, result: RewardResult) -> str | None:
+        """``feedback_template`` filled for a wrong answer (score below ``accuracy_threshold``); else None."""
+        if self.cfg.feedback_template is None:
+            raise ConfigError("algo.feedback_turns needs feedback: set task.args.feedback_template "
+                              "(e.g. \"\\nNo ({reason}). Try again.\\nA:\")")
+        if result.score >= self.cfg.accuracy_threshold:
+            return None
+        try:
+            return self.cfg.feedback_template.format(**{**example.columns, "output": output, "reason": result.info,
+                                                        "score": result.score})
+        except (KeyError, IndexError, ValueError) as err:
+            raise DataError(f"{example.where}: task.args.feedback_template cannot be filled ({err!r}); its fields "
+                            f"are output, reason, score and the columns {sorted(example.columns)}") from None
 
     def hinted(self, example: RowExample) -> RowExample:
         """``example`` with ``hint_template`` applied to its prompt (Guide)."""

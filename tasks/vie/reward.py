@@ -196,3 +196,26 @@ def extraction_reward(output: object, truth: Mapping[str, Any], beta: float = 1.
     else:
         info = ""
     return RewardResult(score, scores | {"format": well_formed, "json_valid": 1.0}, info)
+
+
+def extraction_feedback(output: object, truth: Mapping[str, Any]) -> str | None:
+    """What a checker can say about a wrong extraction without giving the values away: the requested fields
+    that are missing or wrong, and the fields given that were not asked for (None when every field is right).
+
+    >>> extraction_feedback('<answer>{"age": "41", "sex": "M"}</answer>', {"age": "42", "name": "Ann"})
+    'Wrong or missing: age, name. Not asked for: sex. Answer again with one JSON object in <answer></answer>.'
+    """
+    if problem := text_problem(output):
+        return f"Your answer could not be read ({problem}). Answer with one JSON object in <answer></answer>."
+    predicted, reason = parse_prediction(output)
+    if predicted is None:
+        return f"There was {reason}. Answer with one JSON object in <answer></answer>."
+    claims = dict(one_value_per_key(predicted))
+    wanted = {normalise_key(k): normalise_value(v) for k, v in truth.items()}
+    wrong = [k for k, v in truth.items() if normalise_value(v) and claims.get(normalise_key(k)) != wanted[normalise_key(k)]]
+    extra = [k for k in claims if k not in wanted]
+    if not wrong and not extra:
+        return None
+    parts = ([f"Wrong or missing: {', '.join(wrong)}."] if wrong else []) + \
+        ([f"Not asked for: {', '.join(extra)}."] if extra else [])
+    return " ".join(parts + ["Answer again with one JSON object in <answer></answer>."])

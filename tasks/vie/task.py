@@ -22,7 +22,7 @@ from PIL import Image
 from mmrl.core.contracts import IMAGE_PLACEHOLDER, RewardResult
 from mmrl.tasks.vie.documents import DOC_TYPES, KEY_DESCRIPTIONS, Document, make_document, render
 from mmrl.tasks.vie.local import LocalDocument, load_local_folder
-from mmrl.tasks.vie.reward import extraction_reward
+from mmrl.tasks.vie.reward import extraction_feedback, extraction_reward
 
 SPLITS = ("train", "test")
 SYSTEM_PROMPT = ("You read document images and extract fields. First reason step by step inside <think></think>, "
@@ -200,6 +200,10 @@ class VIETask:
 
     def reward(self, example: VIEExample, output: str) -> RewardResult:
         return extraction_reward(output, example.truth, self.cfg.beta, self.cfg.format_weight)
+
+    def feedback(self, example: VIEExample, output: str, result: RewardResult) -> str | None:
+        """Which fields are wrong or missing (multi-turn feedback, ``algo.feedback_turns``); never the values."""
+        return extraction_feedback(output, example.truth)
 
     def reference_output(self, example: VIEExample) -> str:
         keys = ", ".join(k for k, _ in example.requested)

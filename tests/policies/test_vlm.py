@@ -273,3 +273,16 @@ def test_given_outputs_are_scored_like_sft_targets_at_the_sampling_temperature(p
     assert torch.equal(hot.mask, given.mask) and not torch.allclose(hot.logp, given.logp)
     empty = policy.rollout_from_outputs(examples[:1], [""], SamplingParams(temperature=1.0))
     assert empty.mask.sum() == 1  # an empty answer is its EOS alone
+
+
+def test_a_follow_up_turn_is_a_chat_turn_after_the_answer(policy):
+    from mmrl.core.contracts import FollowUp
+
+    first = mixed_examples()[0]
+    follow = FollowUp(first, (("assistant", "blue"), ("user", "No. Look again.")))
+    roles = [m["role"] for m in policy.messages(follow, 0)]
+    assert roles == ["user", "assistant", "user"]
+    text = policy.encode([follow]).texts[0]
+    assert text.index("blue") < text.index("No. Look again.") < text.rindex("assistant")
+    rollout = policy.rollout([follow], 2, SamplingParams(temperature=1.0, max_new_tokens=4), seed=0)
+    assert torch.allclose(policy(rollout).logp, rollout.logp, atol=1e-5)  # the earlier turns are context only

@@ -7,6 +7,8 @@ Rollout hooks — ``draw`` wrappers nest first-outermost, ``refine`` runs in thi
 - ``prompt_temperature`` (ERPO): each prompt sampled at its own temperature (``algo.temperature_schedule``),
   its table updated from the round's rows, reference rows included;
 - ``guide`` (Guide): groups that all failed are drawn again with a hint, trained without it (``algo.guide``);
+- ``feedback_turns`` (multi-turn feedback): failed rows answered again after the task's feedback
+  (``algo.feedback_turns``);
 - ``rollout_strategy`` (AERO): more samples for some prompts, then a row selection (``algo.rollout_strategy``);
 - ``dynamic_sampling`` (DAPO): rounds of new prompts until enough groups carry signal (``algo.dynamic_sampling``);
 - ``keep_successes`` (RLoop): the step's rows that succeeded, kept on disk for a later ``rft`` stage
@@ -48,7 +50,7 @@ from mmrl.algos.variants.loss_terms import LOSS_TERMS, LossTermInputs, LossTermR
 from mmrl.algos.variants.param_noise import perturbed_parameters
 from mmrl.algos.variants.params import algo_needs, declare_variant, variant_params
 from mmrl.algos.variants.prompt_temperature import TEMPERATURE_SCHEDULES, PromptTemperatures
-from mmrl.core.contracts import HintedTask
+from mmrl.core.contracts import FeedbackTask, FollowUp, HintedTask, turns_of
 from mmrl.core.rollout import Rollout, SamplingParams, derive_seed
 from mmrl.core.scored import Scored
 
@@ -197,6 +199,70 @@ class Guide(RolloutHook):
         engine = self.ctx.engine
         metrics = {"rollout/guided_groups": engine.sum(self.guided), "rollout/guided_solved": engine.sum(self.solved)}
         self.guided = self.solved = 0
+        return metrics
+
+
+@dataclass(frozen=True)
+class FeedbackParams:
+    fail_below: float = 1.0
+    """A row scoring below this is answered again with the task's feedback."""
+
+
+declare_variant("feedback_turns", FeedbackParams)
+
+
+class FeedbackTurns(RolloutHook):
+    """Multi-turn feedback-guided RL (seed #28): every row of the round that scores below ``fail_below`` gets
+    the task's feedback on its answer (``task.feedback(example, output, result)``) as a user turn after it, and
+    the policy answers once more in that context (a :class:`~mmrl.core.contracts.FollowUp`), up to
+    ``algo.feedback_turns`` times. Each new answer is a row of its prompt's group, scored against the prompt's
+    own reference: its context holds the earlier turns, its decisions are only the new answer's tokens, and
+    the group's baseline spans every turn, so an answer that the feedback corrected is credited against the
+    first attempts (the paper's cross-turn signal) and the answers of one turn against each other (within-turn).
+
+    INFERRED (the abstract names the mechanisms, not their form): one new answer per failed row, new answers
+    joining the prompt's group, feedback as a plain user turn."""
+
+    def __init__(self, ctx: HookContext):
+        if not isinstance(ctx.task, FeedbackTask):
+            raise ValueError(f"algo.feedback_turns needs a task that can say why an answer is wrong (a "
+                             f"feedback(example, output, result) method); {ctx.cfg.task.name} has none")
+        self.ctx, self.turns = ctx, ctx.cfg.algo.feedback_turns
+        self.params = variant_params(ctx.cfg.algo, "feedback_turns")
+        self.asked = self.fixed = 0
+
+    def refine(self, part: Scored, round_: Round) -> Scored:
+        context: dict[int, Any] = {}  # row → the example it answered, when that was a later turn
+        latest = list(range(part.rollout.num_rows))
+        for turn in range(1, self.turns + 1):
+            asks = []  # (group, follow-up)
+            for i in latest:
+                if float(part.outcome[i]) >= self.params.fail_below:
+                    continue
+                group = int(part.rollout.example_index[i])
+                base, output = part.examples[group], part.rollout.outputs[i]
+                said = self.ctx.task.feedback(base, output, part.results[i])
+                if said is not None:
+                    earlier = turns_of(context.get(i, base))
+                    asks.append((group, FollowUp(base, (*earlier, ("assistant", str(output)), ("user", said)))))
+            if not asks:
+                break
+            drawn = round_.draw([f for _, f in asks], 1, round_.sampling, derive_seed(round_.seed, 28, turn))
+            which = drawn.example_index.tolist()
+            index = torch.tensor([asks[j][0] for j in which], dtype=torch.long)
+            start = part.rollout.num_rows
+            part = part.extend(self.ctx.score(drawn.replace(example_index=index, group_id=index.clone()),
+                                              part.examples))
+            latest = list(range(start, part.rollout.num_rows))
+            context |= {row: asks[j][1] for row, j in zip(latest, which)}
+            self.asked += len(latest)
+            self.fixed += int((part.outcome[start:] >= self.params.fail_below).sum())
+        return part
+
+    def metrics(self) -> dict[str, float]:
+        engine = self.ctx.engine
+        metrics = {"rollout/feedback_rows": engine.sum(self.asked), "rollout/feedback_fixed": engine.sum(self.fixed)}
+        self.asked = self.fixed = 0
         return metrics
 
 
@@ -355,6 +421,7 @@ ROLLOUT_HOOKS.register("reference_rows", HookSpec(lambda cfg: cfg.rollout.refere
 ROLLOUT_HOOKS.register("prompt_temperature", HookSpec(lambda cfg: cfg.algo.temperature_schedule != "fixed",
                                                       PromptTemperature))
 ROLLOUT_HOOKS.register("guide", HookSpec(lambda cfg: cfg.algo.guide, Guide))
+ROLLOUT_HOOKS.register("feedback_turns", HookSpec(lambda cfg: cfg.algo.feedback_turns > 0, FeedbackTurns))
 ROLLOUT_HOOKS.register("rollout_strategy", HookSpec(lambda cfg: cfg.algo.rollout_strategy != "plain",
                                                     RolloutStrategy))
 ROLLOUT_HOOKS.register("dynamic_sampling", HookSpec(lambda cfg: cfg.algo.dynamic_sampling, DynamicSampling))
