@@ -343,7 +343,7 @@ def _reference(waypoints_world: np.ndarray, start: np.ndarray, dt: float) -> tup
 def _controls(pose: np.ndarray, t: float, points: np.ndarray, times: np.ndarray, dt_sim: float) -> tuple[float, float]:
     """(steering, acceleration) in our frame for pose (x, y, h, v) at time t tracking the timed reference.
 
-    Steering: pure pursuit on the reference polyline (look-ahead clip(0.5·v + 3, 4, 15) m; beyond its end
+    Steering: pure pursuit on the reference polyline (look-ahead clip(0.3·v + 2, 3, 12) m; beyond its end
     the last segment continues), for highway-env's bicycle model (yaw rate ≈ v·tan δ / LENGTH, so
     δ = atan(2·LENGTH·sin α / look-ahead)). Acceleration: 1.5·(v_ref − v) + 0.8·(along-track error) on
     the linear interpolation of the timed points; never below what stops the car (no reversing)."""
@@ -362,7 +362,7 @@ def _controls(pose: np.ndarray, t: float, points: np.ndarray, times: np.ndarray,
         return 0.0, accel
     last = points[moving[-1] + 1] - points[moving[-1]]
     path = np.concatenate([points, points[-1:] + 60.0 * last / np.linalg.norm(last)])
-    look = float(np.clip(0.5 * v + 3.0, 4.0, 15.0))
+    look = float(np.clip(0.3 * v + 2.0, 3.0, 12.0))  # shorter cuts the roundabout's ring less (docs/tasks.md)
     s, _, _ = project_to_polyline(pose[None, :2], path)
     target = point_at_arclength(path, s + look)[0]
     alpha = float(wrap_angle(np.arctan2(target[1] - y, target[0] - x) - h))
