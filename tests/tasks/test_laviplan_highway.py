@@ -170,3 +170,10 @@ def test_the_recipe_builds_its_task():
 
 def test_doctests():
     assert doctest.testmod(laviplan_highway).failed == 0
+
+
+def test_plans_gif_of_a_folder_without_a_run_is_a_one_line_error(tmp_path, capsys):
+    from mmrl.cli import main
+
+    assert main(["plans-gif", str(tmp_path), "--scenes", "1"]) == 2
+    assert "config.yaml" in capsys.readouterr().err
