@@ -7,6 +7,7 @@
     mmrl train my_recipe.yaml --import ./my_tasks.py --out runs/mine     # a user's plugin (docs/plugins.md)
     mmrl list
     mmrl plot runs/x
+    mmrl plans-gif runs/laviplan_s0 --scenes 4
 """
 
 from __future__ import annotations
@@ -88,6 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     plot = sub.add_parser("plot", help="write OUT/curves.png from OUT/metrics.jsonl")
     plot.add_argument("run", help="a run folder (the --out of mmrl train)")
+    gif = sub.add_parser("plans-gif", help="write OUT/plans.gif of a driving planner run: held-out scenes played "
+                                           "along the warm start's and the trained policy's greedy plans")
+    gif.add_argument("run", help="a run folder of a driving/laviplan-* task (the --out of mmrl train)")
+    gif.add_argument("--scenes", type=int, default=4, help="held-out scenes in the GIF (default 4)")
+    gif.add_argument("--split", help="task split to draw them from (default: the run's eval.split)")
 
     add_pretrain_arguments(sub.add_parser(
         "pretrain-imagegen", help="train a tiny text-to-image diffusion / flow model; saves a diffusers pipeline"))
@@ -328,6 +334,13 @@ def dispatch(args: argparse.Namespace) -> None:
         from mmrl.experiments.plotting import plot_run
 
         print(plot_run(args.run))
+    elif args.command == "plans-gif":
+        from mmrl.tasks.driving.laviplan_gif import write_run_plans_gif
+
+        path = write_run_plans_gif(args.run, args.scenes, args.split)
+        if path is None:
+            raise ConfigError(f"{args.run}: plans-gif needs a run of a driving/laviplan-* task")
+        print(f"plans: {path}")
     elif args.command == "pretrain-imagegen":
         from mmrl.models.imagegen_pretrain import run_pretrain
 

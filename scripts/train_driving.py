@@ -11,7 +11,8 @@ The same implementation as ``mmrl train``: a recipe, dotted overrides, one train
 recipe's SFT / imitation warm start first, cached in $MMRL_CACHE). At the end: OUT/curves.png, and
 for the planner (``driving/laviplan-*`` tasks) OUT/plans.gif, a few held-out scenes of the
 evaluation split played along the warm start's plan and the trained plan side by side (greedy),
-with the expert's waypoints; ``--img-dir docs/img --img-name laviplan`` also copies both there.
+with the expert's waypoints (``mmrl plans-gif OUT`` writes it for any planner run); ``--img-dir docs/img
+--img-name laviplan`` also copies both there.
 """
 
 from __future__ import annotations
@@ -21,43 +22,7 @@ import shutil
 import sys
 from pathlib import Path
 
-import numpy as np
-import torch
-
-from mmrl.core.checkpoint import latest_checkpoint
 from mmrl.cli import USER_ERRORS, add_train_arguments, parse_with_overrides, run_train
-from mmrl.core.config import TrainConfig, load_config
-from mmrl.core.registry import make_policy, make_task
-from mmrl.core.rollout import SamplingParams
-from mmrl.core.warm_start import warm_start_path
-
-
-def greedy_plans(cfg: TrainConfig, task, policy_dir: Path, examples: list) -> list:
-    """The parsed greedy plans of the policy saved in ``policy_dir`` for ``examples``."""
-    policy = make_policy(cfg.policy.name, cfg.policy.args)
-    policy.load_weights(str(policy_dir))
-    policy.eval()
-    with torch.no_grad():
-        rollout = policy.rollout(examples, 1, SamplingParams(0.0, 1.0, cfg.rollout.max_new_tokens), cfg.eval.seed)
-    return [task.parse(output) for output in rollout.outputs]  # rows follow the examples (group size 1)
-
-
-def write_plan_gif(out: Path, num_scenes: int) -> Path | None:
-    """OUT/plans.gif for a LaViPlan run: warm start (or the initial policy) vs the last checkpoint."""
-    from mmrl.tasks.driving.laviplan import LaviPlanTask
-    from mmrl.tasks.driving.laviplan_gif import write_plans_gif
-
-    cfg = load_config(str(out / "config.yaml"))
-    task = make_task(cfg.task.name, cfg.task.args)
-    if not isinstance(task, LaviPlanTask):
-        return None  # the traffic policy writes its own closed-loop GIFs (tasks/driving/rift*)
-    examples = task.sample_batch(cfg.eval.split, num_scenes, np.random.default_rng(cfg.eval.seed))
-    plans = {}
-    start = warm_start_path(cfg)
-    if cfg.warm_start.sft_steps and start.is_dir():
-        plans["SFT"] = greedy_plans(cfg, task, start, examples)
-    plans["GRPO"] = greedy_plans(cfg, task, latest_checkpoint(out) / "policy", examples)
-    return write_plans_gif(out / "plans.gif", examples, plans)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,7 +37,12 @@ def main(argv: list[str] | None = None) -> int:
     except USER_ERRORS as err:
         print(f"{parser.prog}: error: {err}", file=sys.stderr)
         return 2
-    gif = write_plan_gif(out, args.gif_scenes) if args.gif_scenes else None
+    if args.gif_scenes:
+        from mmrl.tasks.driving.laviplan_gif import write_run_plans_gif
+
+        gif = write_run_plans_gif(out, args.gif_scenes)
+    else:
+        gif = None
     if gif is not None:
         print(f"plans: {gif}")
     if args.img_dir:

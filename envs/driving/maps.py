@@ -45,13 +45,16 @@ class RoadMap:
     lane_change_pairs: tuple[tuple[str, str, str], ...] = ()  # (route, left-neighbour route, right-neighbour)
 
 
-def _lane_area(line: np.ndarray, width: float) -> Polygon:
+def lane_area(line: np.ndarray, width: float) -> Polygon:
+    """The area a lane covers: its centre polyline buffered by half its width (flat ends)."""
     return LineString(line).buffer(width / 2.0, cap_style="flat", join_style="round")
 
 
-def _finish(layout: str, lanes: list[Lane], extra_areas: list, routes: dict[str, np.ndarray],
-            pairs: tuple = ()) -> RoadMap:
-    area = unary_union([_lane_area(l.centre, l.width) for l in lanes] + extra_areas)
+def road_map(layout: str, lanes: list[Lane], extra_areas: list, routes: dict[str, np.ndarray],
+             pairs: tuple = ()) -> RoadMap:
+    """A RoadMap of ``lanes`` (drawn with their side lines) whose drivable area is their union with
+    ``extra_areas`` (junction boxes, unmarked lanes), slivers closed; the largest part if it falls apart."""
+    area = unary_union([lane_area(l.centre, l.width) for l in lanes] + extra_areas)
     area = area.buffer(0.05).buffer(-0.05)  # close slivers between adjacent lane buffers
     if area.geom_type != "Polygon":
         area = max(area.geoms, key=lambda g: g.area)
@@ -65,7 +68,7 @@ def _parallel_road(name: str, reference: np.ndarray, n_lanes: int) -> RoadMap:
     routes = {l.name: l.centre for l in lanes}
     pairs = tuple((f"lane{i}", f"lane{i + 1}" if i + 1 < n_lanes else "", f"lane{i - 1}" if i > 0 else "")
                   for i in range(n_lanes))
-    return _finish(name, lanes, [], routes, pairs)
+    return road_map(name, lanes, [], routes, pairs)
 
 
 def straight_road(rng: np.random.Generator) -> RoadMap:
@@ -133,7 +136,7 @@ def _junction(layout: str, arms: tuple[str, ...]) -> RoadMap:
                  "west": box(-arm_len, -LANE_WIDTH, -core + 0.1, LANE_WIDTH),
                  "east": box(core - 0.1, -LANE_WIDTH, arm_len, LANE_WIDTH)}
     extra += [arm_boxes[a] for a in arms]
-    return _finish(layout, lanes, extra, routes)
+    return road_map(layout, lanes, extra, routes)
 
 
 def _bezier(p0, p1, p2, p3, n: int = 20) -> np.ndarray:
@@ -159,7 +162,7 @@ def merge_road(rng: np.random.Generator) -> RoadMap:
     lanes.append(Lane("ramp", ramp_head))
     routes = {"lane0": lanes[0].centre, "lane1": lanes[1].centre, "ramp": ramp}
     pairs = (("lane0", "lane1", ""), ("lane1", "", "lane0"))
-    return _finish("merge", lanes, [], routes, pairs)
+    return road_map("merge", lanes, [], routes, pairs)
 
 
 LAYOUT_BUILDERS = {"straight": straight_road, "curve": curve_road, "intersection": intersection_road,

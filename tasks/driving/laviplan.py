@@ -162,6 +162,16 @@ def lead_gap(scenario: Scenario) -> float:
     return float(gaps[ahead].min()) if ahead.any() else float("inf")
 
 
+def think_states(output: object, word: str) -> bool:
+    """``output``'s one think block names exactly one of :data:`GAP_WORDS`, and it is ``word``."""
+    if text_problem(output):
+        return False
+    thinks = tag_blocks(output, "think")
+    if len(thinks) != 1 or "<think>" in thinks[0]:
+        return False
+    return [w for w in GAP_WORDS if w in thinks[0]] == [word]
+
+
 class LaviPlanTask:
     id = "driving/laviplan-v0"
 
@@ -271,13 +281,7 @@ class LaviPlanTask:
         """The output's think block names exactly one of :data:`GAP_WORDS`, and it is the scene's
         (``perception_weight``: a verifiable check of the reasoning's perception statement; naming
         several words, or the right one outside the think, does not count)."""
-        if text_problem(output):
-            return False
-        thinks = tag_blocks(output, "think")
-        if len(thinks) != 1 or "<think>" in thinks[0]:
-            return False
-        stated = [w for w in GAP_WORDS if w in thinks[0]]
-        return stated == [GAP_WORDS[self.vision_label(example)]]
+        return think_states(output, GAP_WORDS[self.vision_label(example)])
 
     def reward(self, example: PlanExample, output: str) -> RewardResult:
         plan = self.parse(output)  # the perception credit needs a well-formed output (one think, one answer)

@@ -15,7 +15,8 @@ time 0 (x forward, y left). Exactly ``T`` pairs, finite, within ``max_abs_coord`
 Reward (INFERRED, seed_tasks.md §4.3; every term is a logged component)::
 
     score = w_fmt·format + (1 − w_fmt)·alignment − c_col·collision − c_off·offroad − c_inv·invalid
-    (with w_per > 0: + w_per·perception, and alignment weighted 1 − w_fmt − w_per)
+    (with w_per > 0: + w_per·perception; with w_prog > 0: + w_prog·progress; alignment weighted
+    1 − w_fmt − w_per − w_prog)
     alignment = (1 − λ)·exp(−ADE/σ_ADE) + λ·exp(−FDE/σ_FDE)
 
 ``format`` is 1 when the whole output is one think block followed by one answer block holding a
@@ -67,13 +68,16 @@ class RewardWeights:
     offroad_penalty: float = 0.5  # c_off
     invalid_penalty: float = 1.0  # c_inv
     perception_weight: float = 0.0  # w_per: reward for a think that states what is seen correctly (0 = off)
+    progress_weight: float = 0.0  # w_prog: reward for route progress in [0, 1] measured by the simulator (0 = off)
 
     def validate(self) -> None:
         if not 0.0 <= self.format_weight < 1.0:
             raise ValueError(f"task.args.format_weight must be in [0, 1), got {self.format_weight}")
-        if not (self.perception_weight >= 0.0 and self.format_weight + self.perception_weight < 1.0):
-            raise ValueError(f"task.args.perception_weight must be >= 0 with format_weight + perception_weight < 1, "
-                             f"got {self.perception_weight} (format_weight {self.format_weight})")
+        if not (self.perception_weight >= 0.0 and self.progress_weight >= 0.0
+                and self.format_weight + self.perception_weight + self.progress_weight < 1.0):
+            raise ValueError(f"task.args.perception_weight and progress_weight must be >= 0 with format_weight + "
+                             f"perception_weight + progress_weight < 1, got {self.perception_weight}, "
+                             f"{self.progress_weight} (format_weight {self.format_weight})")
         if not (self.sigma_ade > 0 and self.sigma_fde > 0):
             raise ValueError(f"task.args.sigma_ade / sigma_fde must be > 0, got {self.sigma_ade}, {self.sigma_fde}")
         if not 0.0 <= self.fde_weight <= 1.0:
@@ -184,23 +188,29 @@ def alignment_score(ade: float, fde: float, weights: RewardWeights) -> float:
 
 
 def plan_reward(plan: ParsedPlan, expert: np.ndarray, collision: bool, offroad: bool,
-                weights: RewardWeights, perceived: bool = False) -> RewardResult:
+                weights: RewardWeights, perceived: bool = False, progress: float = 0.0) -> RewardResult:
     """The score of a parsed plan, given the world's verdict on it (ignored when the plan is invalid).
 
     With ``perception_weight`` w_per > 0, ``perceived`` (the think states what the scene shows, checked
-    by the task) earns w_per and alignment's weight becomes 1 − w_fmt − w_per; the ``perception``
-    component is logged. Off by default."""
-    per = weights.perception_weight
+    by the task) earns w_per; with ``progress_weight`` w_prog > 0, ``progress`` ∈ [0, 1] (the task's
+    measure of how far the executed plan got) earns w_prog·progress; alignment's weight is what is left,
+    1 − w_fmt − w_per − w_prog. The ``perception`` / ``progress`` components are logged when their
+    weight is on. Both are off by default."""
+    per, prog = weights.perception_weight, weights.progress_weight
+    extra = ({"perception": 0.0} if per else {}) | ({"progress": 0.0} if prog else {})
     if plan.waypoints is None:
         components = {"format": 0.0, "alignment": 0.0, "collision": 0.0, "offroad": 0.0, "invalid": 1.0}
-        return RewardResult(-weights.invalid_penalty, components | ({"perception": 0.0} if per else {}), plan.reason)
+        return RewardResult(-weights.invalid_penalty, components | extra, plan.reason)
     ade, fde = displacement_errors(plan.waypoints, expert)
     alignment = alignment_score(ade, fde, weights)
     fmt = float(plan.well_formed)
-    score = weights.format_weight * fmt + per * float(perceived) + (1.0 - weights.format_weight - per) * alignment \
+    progress = min(max(float(progress), 0.0), 1.0)
+    score = weights.format_weight * fmt + per * float(perceived) + prog * progress \
+        + (1.0 - weights.format_weight - per - prog) * alignment \
         - weights.collision_penalty * float(collision) - weights.offroad_penalty * float(offroad)
     components = {"format": fmt, "alignment": alignment, "collision": float(collision),
-                  "offroad": float(offroad), "invalid": 0.0} | ({"perception": float(perceived)} if per else {})
+                  "offroad": float(offroad), "invalid": 0.0} | ({"perception": float(perceived)} if per else {}) \
+        | ({"progress": progress} if prog else {})
     reasons = [r for r, flag in ((plan.reason, True), ("collision", collision), ("off-road", offroad)) if flag and r]
     return RewardResult(float(score), components, "; ".join(reasons) or f"ADE {ade:.2f} m, FDE {fde:.2f} m")
 
