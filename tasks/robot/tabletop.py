@@ -94,6 +94,33 @@ def episode_reward(example: EpisodeExample, output: object) -> RewardResult:
                         "" if success else f"no success in {output.length} steps")
 
 
+def episode_metrics(outputs: Sequence[object], results: Sequence[RewardResult]) -> dict[str, float]:
+    """``success_rate``, ``return_mean`` and ``length_mean`` (0 when no output was an episode)."""
+    lengths = [o.length for o in outputs if isinstance(o, EpisodeSummary)]
+    return {"success_rate": float(np.mean([r.components["success"] for r in results])),
+            "return_mean": float(np.mean([r.components["return"] for r in results])),
+            "length_mean": float(np.mean(lengths)) if lengths else 0.0}
+
+
+def demonstrate(env: gymnasium.Env, seed: int, noise: float) -> Demonstration:
+    """One episode of ``env.unwrapped.expert_action()`` from ``reset(seed=seed)`` with DART noise injection:
+    the executed action is the expert's plus ``noise``-std Gaussian noise, the recorded label the clean one."""
+    rng = np.random.default_rng([seed, 7])
+    obs, _ = env.reset(seed=seed)
+    images, proprio, actions = [], [], []
+    while True:
+        expert = env.unwrapped.expert_action()
+        images.append(obs["image"])
+        proprio.append(obs["proprio"])
+        actions.append(expert)
+        executed = np.clip(expert + noise * rng.standard_normal(expert.shape), -1, 1)
+        obs, _, terminated, truncated, info = env.step(executed.astype(np.float32))
+        if terminated or truncated:
+            break
+    return Demonstration(np.stack(images), np.stack(proprio).astype(np.float32), obs["instruction"],
+                         np.stack(actions).astype(np.float32), bool(info["success"]))
+
+
 class RobotTask:
     reward_range = RETURN_RANGE
 
@@ -115,10 +142,7 @@ class RobotTask:
 
     def metrics(self, examples: Sequence[EpisodeExample], outputs: Sequence[object],
                 results: Sequence[RewardResult]) -> dict[str, float]:
-        lengths = [o.length for o in outputs if isinstance(o, EpisodeSummary)]
-        return {"success_rate": float(np.mean([r.components["success"] for r in results])),
-                "return_mean": float(np.mean([r.components["return"] for r in results])),
-                "length_mean": float(np.mean(lengths)) if lengths else 0.0}
+        return episode_metrics(outputs, results)
 
     def reference_output(self, example: EpisodeExample) -> Demonstration:
         key = (example.env_id, example.seed)
@@ -133,21 +157,7 @@ class RobotTask:
         if example.env_id not in self._env:
             self._env[example.env_id] = gymnasium.make(example.env_id, image_size=self.cfg.image_size,
                                                        disable_env_checker=True)
-        env = self._env[example.env_id]
-        rng = np.random.default_rng([example.seed, 7])
-        obs, _ = env.reset(seed=example.seed)
-        images, proprio, actions = [], [], []
-        while True:
-            expert = env.unwrapped.expert_action()
-            images.append(obs["image"])
-            proprio.append(obs["proprio"])
-            actions.append(expert)
-            executed = np.clip(expert + self.cfg.demo_noise * rng.standard_normal(expert.shape), -1, 1)
-            obs, _, terminated, truncated, info = env.step(executed.astype(np.float32))
-            if terminated or truncated:
-                break
-        return Demonstration(np.stack(images), np.stack(proprio).astype(np.float32), obs["instruction"],
-                             np.stack(actions).astype(np.float32), bool(info["success"]))
+        return demonstrate(self._env[example.env_id], example.seed, self.cfg.demo_noise)
 
 
 def make_task_factory(task: str):

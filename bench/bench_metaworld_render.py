@@ -1,0 +1,146 @@
+"""Meta-World env steps/s with a frame per step: our renderer vs Meta-World's own ``render()`` vs a
+bare ``mj_step`` loop on the same model, side by side in one run.
+
+    OMP_NUM_THREADS=1 python bench/bench_metaworld_render.py --task reach --steps 200 --rounds 3
+
+Measured in one process, interleaved round by round (the machine is shared: only ratios taken in
+the same run mean anything), medians over rounds; random actions, reset at the episode limit:
+
+- ``bare physics``: Meta-World's model (same MJCF, same ``frame_skip`` 5) stepped with
+  ``mujoco.mj_step`` after moving the mocap hand as Meta-World does: no reward, no observation.
+- ``bare + mujoco.Renderer``: the same loop plus one frame per step from ``mujoco.Renderer`` with
+  shadows, multisampling, reflections and skybox off, as the mmrl env draws (the floor for "a
+  frame per step").
+- ``metaworld step``: Meta-World's own ``step()`` (reward, observation), no frame.
+- ``metaworld step + render()``: ``gymnasium.make("Meta-World/MT1", render_mode="rgb_array")``
+  with Meta-World's defaults (4096 shadow map, 4x multisampling), ``render()`` every step.
+- ``mmrl env``: ``gymnasium.make("mmrl/MetaWorld-<Task>-v0")``: Meta-World's step plus our
+  :class:`~mmrl.envs.robot.rendering.SceneRenderer` frame in every observation.
+
+The issue's goals: ``mmrl env`` ≥ 10× Meta-World's render path and ≥ 0.9× the bare loop with a frame.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+
+import gymnasium
+import numpy as np
+
+import mmrl.envs  # noqa: F401  (registers mmrl/*; selects the GL backend before mujoco loads)
+from mmrl.envs.metaworld import metaworld_env_id
+from mmrl.envs.metaworld.env import FLAGS_OFF, build_simulator, import_metaworld
+from mmrl.envs.robot.rendering import mujoco
+
+
+def random_actions(steps: int) -> np.ndarray:
+    return np.random.default_rng(0).uniform(-1, 1, (steps, 4)).astype(np.float32)
+
+
+def bare_loop(task: str, steps: int, size: int | None, camera: str) -> float:
+    """mj_step × frame_skip after a mocap move, on a fresh MjData of Meta-World's model; ``size``: also
+    draw a frame per step with ``mujoco.Renderer`` (None: physics only)."""
+    sim = build_simulator(task)  # shadows, multisampling and reflections off in its model
+    model = sim.model
+    data = mujoco.MjData(model)
+    data.qpos[:] = sim.init_qpos
+    mujoco.mj_forward(model, data)
+    renderer = mujoco.Renderer(model, size, size) if size else None
+    if renderer is not None:
+        for flag in FLAGS_OFF:  # the same scene as the mmrl env draws
+            renderer.scene.flags[flag] = 0
+    camera_id = model.camera(camera).id
+    start_mocap = data.mocap_pos.copy()
+    actions = random_actions(steps)
+    start = time.perf_counter()
+    for k, a in enumerate(actions):
+        if k % 100 == 0:
+            data.mocap_pos[:] = start_mocap
+        data.mocap_pos[0] = np.clip(data.mocap_pos[0] + a[:3] * sim.action_scale, sim.mocap_low, sim.mocap_high)
+        data.ctrl[:] = [a[3], -a[3]]
+        mujoco.mj_step(model, data, nstep=sim.frame_skip)
+        if renderer is not None:
+            renderer.update_scene(data, camera_id)
+            renderer.render()
+    rate = steps / (time.perf_counter() - start)
+    if renderer is not None:
+        renderer.close()
+    sim.close()
+    return rate
+
+
+def env_loop(env: gymnasium.Env, steps: int, render: bool) -> float:
+    """Steps/s of ``env`` with random actions, resetting every 100 steps; ``render``: call ``render()``
+    after making Meta-World's GL context current (gymnasium's viewer assumes no other context exists:
+    without this, its frames are drawn into whichever context was current last)."""
+    env.reset(seed=0)
+    viewer = env.unwrapped.mujoco_renderer._get_viewer("rgb_array") if render else None
+    start = time.perf_counter()
+    for k, a in enumerate(random_actions(steps)):
+        if k and k % 100 == 0:
+            env.reset()
+        env.step(a)
+        if viewer is not None:
+            viewer.make_context_current()
+            frame = env.render()
+            assert frame.shape[-1] == 3 and frame.std() > 1, "Meta-World's render() drew nothing"
+    return steps / (time.perf_counter() - start)
+
+
+def metaworld_env(task: str, size: int | None, camera: str) -> gymnasium.Env:
+    """Meta-World's own MT1 env (its defaults: shadows and multisampling on); ``size``: rgb_array rendering."""
+    import_metaworld()
+    kwargs = {"render_mode": "rgb_array", "width": size, "height": size, "camera_name": camera} if size else {}
+    return gymnasium.make("Meta-World/MT1", env_name=f"{task}-v3", seed=0, disable_env_checker=True, **kwargs)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--task", default="reach", help="Meta-World task (without -v3)")
+    parser.add_argument("--steps", type=int, default=200, help="env steps per measurement")
+    parser.add_argument("--render-steps", type=int, default=40,
+                        help="steps per measurement of Meta-World's own render path (slow)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (medians are reported)")
+    parser.add_argument("--image-size", type=int, default=64)
+    parser.add_argument("--camera", default="corner")
+    parser.add_argument("--json", help="also write the results to this file")
+    args = parser.parse_args()
+    size, task, steps = args.image_size, args.task, args.steps
+    ours = gymnasium.make(metaworld_env_id(task), image_size=size, camera=args.camera, disable_env_checker=True)
+    theirs = metaworld_env(task, size, args.camera)
+    theirs_plain = metaworld_env(task, None, args.camera)
+    measurements: dict[str, Callable[[], float]] = {
+        "bare physics": lambda: bare_loop(task, steps, None, args.camera),
+        "bare + mujoco.Renderer": lambda: bare_loop(task, steps, size, args.camera),
+        "metaworld step": lambda: env_loop(theirs_plain, steps, render=False),
+        "metaworld step + render()": lambda: env_loop(theirs, args.render_steps, render=True),
+        "mmrl env": lambda: env_loop(ours, steps, render=False),  # the frame is in every observation
+    }
+    runs: dict[str, list[float]] = {}
+    for _ in range(args.rounds):
+        for name, measure in measurements.items():
+            runs.setdefault(name, []).append(measure())
+    medians = {k: statistics.median(v) for k, v in runs.items()}
+
+    def ratio(name: str, base: str) -> float:  # median over rounds of same-round ratios
+        return statistics.median(v / b for v, b in zip(runs[name], runs[base]))
+
+    bases = ("bare + mujoco.Renderer", "metaworld step + render()")
+    print(f"{'measurement':<28} {'steps/s':>9} " + " ".join(f"{'vs ' + b:>30}" for b in bases))
+    for name, value in medians.items():
+        print(f"{name:<28} {value:>9,.1f} " + " ".join(f"{ratio(name, b):>29.2f}x" for b in bases))
+    print(f"({task}-v3, medians of {args.rounds} interleaved rounds, {size} px frames from camera {args.camera!r})")
+    ours.close()
+    theirs.close()
+    theirs_plain.close()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"medians": medians, "runs": runs, "args": vars(args)}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
