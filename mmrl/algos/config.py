@@ -97,6 +97,9 @@ class AlgoConfig:
     (``task.hinted``), and trained as answers to the hint-free prompt with the importance ratio
     π_θ(y|x) / π_old(y|x, hint) (``extra.guide``; mmrl/algos/variants/hooks.py ``Guide``)."""
 
+    dyme: bool = False
+    """DyME (seed #33): each step, groups whose rollouts all failed are trained by SFT on the task's reference
+    output instead of RL (memorisation vs exploration; ``extra.dyme``; mmrl/algos/variants/hooks.py ``Dyme``)."""
     feedback_turns: int = 0
     """Multi-turn feedback-guided RL (seed #28): a row that fails gets the task's feedback
     (``task.feedback``) as a user turn and is answered again, up to this many extra turns; the new answers

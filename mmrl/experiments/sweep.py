@@ -73,6 +73,7 @@ SWEEP_ARMS.register("psn", SweepArm(("rollout.param_noise_std=0.005", "trainer.r
 SWEEP_ARMS.register("dph_rl", SweepArm(("algo.rehearsal_divergence=js",
                                         "algo.extra.dph_rl={coef: 0.1, rehearsal_prompts: 512}"),
                                        "DPH-RL, arXiv 2509.07430 (JS to π_0 on its always-solved samples, coef 0.1)"))
+SWEEP_ARMS.register("dyme", SweepArm(("algo.dyme=true",), "DyME (seed #33): SFT on the reference for all-failed groups"))
 SWEEP_ARMS.register("visurf", SweepArm(("rollout.reference_rows=1",),
                                        "ViSurf, arXiv 2510.10606 (1 reference answer + 7 samples per group)"))
 SWEEP_ARMS.register("erpo", SweepArm(("algo.temperature_schedule=erpo",),

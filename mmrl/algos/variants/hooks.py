@@ -20,6 +20,7 @@ Loss hooks, in the order their terms are added:
 
 - ``loss_terms`` (CalibRL, PACS, FRPO): registered per-token / per-sequence terms (``algo.loss_terms``), with expert rows when needed;
 - ``behaviour_cloning`` (VLA-RFT): drift-gated BC on the warm start's examples (``algo.bc_coef`` > 0);
+- ``dyme`` (DyME): SFT on the reference for groups whose rollouts all failed (``algo.dyme``);
 - ``rehearsal`` (DPH-RL): an f-divergence to π_0 on its own always-solved samples (``algo.rehearsal_divergence``).
 """
 
@@ -498,6 +499,52 @@ class BehaviourCloning(LossHook):
             return policy.sft_loss(examples, [task.reference_output(e) for e in examples]).float()
 
 
+@dataclass(frozen=True)
+class DymeParams:
+    coef: float = 1.0
+    """Weight of the memorisation (SFT) term."""
+    fail_threshold: float = 0.0
+    """A group switches to memorisation when none of its samples scores above this."""
+
+
+declare_variant("dyme", DymeParams)
+
+
+class Dyme(LossHook):
+    """DyME (seed #33): at each step, every group whose rollouts all failed (advantage collapse: GRPO gives it
+    no signal) is switched from exploration to memorisation, an SFT term on the task's reference output for
+    its prompt; the other groups are trained by RL as usual. The term is added once per step, at its first
+    optimizer step (one memorisation update per step, as RL's groups get theirs).
+
+    INFERRED: the abstract's "dynamically selects between Memorization (via SFT) and Exploration (via RLVR) at
+    each optimization step", decided per group by the verifier as the checker; the paper's visual checker and
+    refiner (image-grounded guidance) are not built."""
+
+    def __init__(self, ctx: HookContext):
+        self.ctx, self.params = ctx, variant_params(ctx.cfg.algo, "dyme")
+        self.examples: list[Any] = []
+        self.groups = 0
+
+    def prepare(self, batch: Scored) -> None:
+        rollout = batch.rollout
+        best = torch.full((len(batch.examples),), -torch.inf).scatter_reduce(
+            0, rollout.example_index, batch.outcome.float(), reduce="amax")
+        self.examples = [batch.examples[g] for g in range(len(batch.examples)) if best[g] <= self.params.fail_threshold]
+        self.groups = len(batch.examples)
+
+    def update_term(self, index: UpdateIndex) -> tuple[Tensor, dict[str, float]] | None:
+        if not self.examples or index.epoch or index.minibatch:
+            return None
+        task = self.ctx.task
+        with self.ctx.engine.autocast():
+            loss = self.ctx.policy.sft_loss(self.examples, [task.reference_output(e) for e in self.examples]).float()
+        return self.params.coef * loss, {"loss/dyme_sft": loss.item()}
+
+    def metrics(self) -> dict[str, float]:
+        engine = self.ctx.engine
+        return {"rollout/dyme_memorised_frac": engine.sum(len(self.examples)) / max(engine.sum(self.groups), 1.0)}
+
+
 class Rehearsal(LossHook):
     """DPH-RL (arXiv 2509.07430): ``coef`` × the token-mean of ``algo.rehearsal_divergence`` between π_θ and
     π_0 on ``rows_per_update`` rows of the rehearsal set, once per optimizer step. The set — π_0's samples of
@@ -537,4 +584,5 @@ class Rehearsal(LossHook):
 
 LOSS_HOOKS.register("loss_terms", HookSpec(lambda cfg: bool(cfg.algo.loss_terms), LossTerms))
 LOSS_HOOKS.register("behaviour_cloning", HookSpec(lambda cfg: cfg.algo.bc_coef > 0, BehaviourCloning))
+LOSS_HOOKS.register("dyme", HookSpec(lambda cfg: cfg.algo.dyme, Dyme))
 LOSS_HOOKS.register("rehearsal", HookSpec(lambda cfg: cfg.algo.rehearsal_divergence is not None, Rehearsal))
