@@ -97,6 +97,10 @@ class AlgoConfig:
     (``task.hinted``), and trained as answers to the hint-free prompt with the importance ratio
     π_θ(y|x) / π_old(y|x, hint) (``extra.guide``; mmrl/algos/variants/hooks.py ``Guide``)."""
 
+    prompt_selection: str = "uniform"
+    """Which prompts a round draws (mmrl/algos/variants/selection.py): uniform (the task's draw) | hard_focus
+    (seed #45: highest posterior failure rate; ``extra.hard_focus``) | low_likelihood (SELF, seed #102: lowest
+    policy likelihood of the reference answer; ``extra.low_likelihood``)."""
     dyme: bool = False
     """DyME (seed #33): each step, groups whose rollouts all failed are trained by SFT on the task's reference
     output instead of RL (memorisation vs exploration; ``extra.dyme``; mmrl/algos/variants/hooks.py ``Dyme``)."""

@@ -65,6 +65,14 @@ class RolloutHook:
     drives_rounds: bool = False
     """True for the (at most one) hook whose :meth:`rounds` decides how many rounds a step takes."""
 
+    candidates_per_prompt: int = 0
+    """> 0 for the (at most one) hook that chooses a round's prompts: the trainer draws this many candidates
+    per prompt (the same on every process) and :meth:`select_prompts` keeps ``prompts_per_step`` of them."""
+
+    def select_prompts(self, candidates: Sequence[Any], n: int) -> list[Any]:
+        """``n`` of ``candidates`` for the round (prompt selection / curricula); identical on every process."""
+        return list(candidates[:n])
+
     def begin_round(self, examples: Sequence[Any]) -> None:
         """A new round draws groups for ``examples`` (called before its first ``draw``)."""
 
@@ -163,6 +171,14 @@ def round_driver(hooks: Sequence[tuple[str, RolloutHook]]) -> RolloutHook:
     if len(drivers) > 1:
         raise ValueError(f"rollout hooks {[n for n, _ in drivers]} each decide a step's rounds: select at most one")
     return drivers[0][1] if drivers else RolloutHook()
+
+
+def prompt_selector(hooks: Sequence[tuple[str, RolloutHook]]) -> RolloutHook | None:
+    """The hook that chooses a round's prompts (None: the task's own draw)."""
+    selectors = [(name, hook) for name, hook in hooks if hook.candidates_per_prompt > 0]
+    if len(selectors) > 1:
+        raise ValueError(f"rollout hooks {[n for n, _ in selectors]} each choose a round's prompts: select at most one")
+    return selectors[0][1] if selectors else None
 
 
 def compose_draw(hooks: Sequence[RolloutHook], sample: Draw) -> Draw:

@@ -21,8 +21,8 @@ import yaml
 from mmrl.algos import (ADVANTAGE_ESTIMATORS, AGGREGATIONS, GAUSSIAN_KL_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES,
                         SHAPING_HOOKS)
 from mmrl.algos.config import AlgoConfig
-from mmrl.algos.variants import (LOSS_TERMS, REHEARSAL_DIVERGENCES, ROLLOUT_STRATEGIES, TEMPERATURE_SCHEDULES,
-                                 algo_needs, validate_extra)
+from mmrl.algos.variants import (LOSS_TERMS, PROMPT_SELECTORS, REHEARSAL_DIVERGENCES, ROLLOUT_STRATEGIES,
+                                 TEMPERATURE_SCHEDULES, algo_needs, validate_extra)
 from mmrl.core.paths import recipes_dir
 from mmrl.core.typed import ConfigError, build, to_dict
 
@@ -451,6 +451,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     for term in a.loss_terms:
         _lookup(LOSS_TERMS, term)
     _lookup(TEMPERATURE_SCHEDULES, a.temperature_schedule)
+    if a.prompt_selection != "uniform":
+        _lookup(PROMPT_SELECTORS, a.prompt_selection)
     if a.rehearsal_divergence is not None:
         _lookup(REHEARSAL_DIVERGENCES, a.rehearsal_divergence)
     validate_extra(a)  # algo.extra.<variant> sections: typed, unknown keys rejected

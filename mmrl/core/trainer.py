@@ -21,7 +21,7 @@ from mmrl.algos import (ADVANTAGE_ESTIMATORS, GAUSSIAN_KL_ESTIMATORS, SHAPING_HO
                         ShapingContext, overlong_penalty)
 from mmrl.algos.masked import count_nonfinite
 from mmrl.algos.hooks import (LOSS_HOOKS, ROLLOUT_HOOKS, HookContext, Round, UpdateIndex, build_hooks,
-                              compose_draw, round_driver)
+                              compose_draw, prompt_selector, round_driver)
 from mmrl.algos.variants import algo_needs
 from mmrl.core import checkpoint as ckpt
 from mmrl.core import interrupt
@@ -74,6 +74,7 @@ class Trainer:
         self.rollout_hooks = build_hooks(ROLLOUT_HOOKS, ctx)
         self.loss_hooks = build_hooks(LOSS_HOOKS, ctx)
         self.draw = compose_draw([hook for _, hook in self.rollout_hooks], self.sample)
+        self.selector = prompt_selector(self.rollout_hooks)
         self.drawn, self.sampler_stats = 0, {}
         if resume:
             self.load_checkpoint()
@@ -136,7 +137,9 @@ class Trainer:
 
     def collect_round(self, index: int) -> Scored:
         cfg, eng = self.cfg, self.engine
-        examples = self.task.sample_batch("train", cfg.rollout.prompts_per_step, self.data_rng)
+        n, selector = cfg.rollout.prompts_per_step, self.selector
+        examples = self.task.sample_batch("train", n * (selector.candidates_per_prompt if selector else 1), self.data_rng)
+        examples = selector.select_prompts(examples, n) if selector else examples
         examples = examples[eng.rank::eng.world_size]
         sampling = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_new_tokens)
         round_ = Round(index, sampling, derive_seed(cfg.trainer.seed, self.step, index, eng.rank), self.draw)

@@ -73,6 +73,10 @@ SWEEP_ARMS.register("psn", SweepArm(("rollout.param_noise_std=0.005", "trainer.r
 SWEEP_ARMS.register("dph_rl", SweepArm(("algo.rehearsal_divergence=js",
                                         "algo.extra.dph_rl={coef: 0.1, rehearsal_prompts: 512}"),
                                        "DPH-RL, arXiv 2509.07430 (JS to π_0 on its always-solved samples, coef 0.1)"))
+SWEEP_ARMS.register("hard_focus", SweepArm(("algo.prompt_selection=hard_focus",),
+                                           "hard-focus curriculum (seed #45): prompts with the highest failure rate"))
+SWEEP_ARMS.register("low_likelihood", SweepArm(("algo.prompt_selection=low_likelihood",),
+                                               "SELF (seed #102): prompts whose reference is least likely"))
 SWEEP_ARMS.register("dyme", SweepArm(("algo.dyme=true",), "DyME (seed #33): SFT on the reference for all-failed groups"))
 SWEEP_ARMS.register("visurf", SweepArm(("rollout.reference_rows=1",),
                                        "ViSurf, arXiv 2510.10606 (1 reference answer + 7 samples per group)"))

@@ -10,15 +10,16 @@ loss ``rw_sft``; shaping hooks ``f_grpo``, ``ace``,
 dataclasses in each module); trainer needs: :func:`~mmrl.algos.variants.params.algo_needs`.
 """
 
-from mmrl.algos.variants import group_estimators, hooks, objectives, outcome, shaping  # noqa: F401  (registration)
+from mmrl.algos.variants import group_estimators, hooks, objectives, outcome, selection, shaping  # noqa: F401  (registration)
 from mmrl.algos.variants.adaptive_sampling import ROLLOUT_STRATEGIES, RolloutStrategy
 from mmrl.algos.variants.divergences import REHEARSAL_DIVERGENCES
 from mmrl.algos.variants.history import PromptHistory, prompt_key
 from mmrl.algos.variants.loss_terms import LOSS_TERMS, LossTermInputs, LossTermRows
 from mmrl.algos.variants.param_noise import perturbed_parameters
 from mmrl.algos.variants.prompt_temperature import TEMPERATURE_SCHEDULES, PromptTemperatures
+from mmrl.algos.variants.selection import PROMPT_SELECTORS
 from mmrl.algos.variants.params import VARIANTS, algo_needs, validate_extra, variant_params
 
-__all__ = ["LOSS_TERMS", "REHEARSAL_DIVERGENCES", "ROLLOUT_STRATEGIES", "TEMPERATURE_SCHEDULES", "VARIANTS",
+__all__ = ["LOSS_TERMS", "PROMPT_SELECTORS", "REHEARSAL_DIVERGENCES", "ROLLOUT_STRATEGIES", "TEMPERATURE_SCHEDULES", "VARIANTS",
            "LossTermInputs", "LossTermRows", "PromptHistory", "PromptTemperatures", "RolloutStrategy", "algo_needs",
            "perturbed_parameters", "prompt_key", "validate_extra", "variant_params"]

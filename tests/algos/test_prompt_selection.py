@@ -1,0 +1,64 @@
+"""Prompt selection (``algo.prompt_selection``): the trainer draws k candidates per prompt and one hook keeps
+``prompts_per_step`` of them, the same on every process."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from mmrl.algos.variants.history import prompt_key
+from mmrl.core.rollout import SamplingParams
+from mmrl.core.trainer import Trainer
+
+SMALL = ["warm_start.sft_steps=15", "rollout.prompts_per_step=4", "rollout.group_size=4", "trainer.minibatches=1",
+         "eval.every=0", "eval.num_examples=8"]
+
+
+def selector(trainer: Trainer):
+    (hook,) = [h for name, h in trainer.rollout_hooks if name == "prompt_selection"]
+    return hook
+
+
+def test_hard_focus_keeps_the_prompts_that_failed_most(sanity_config, tmp_path):
+    trainer = Trainer(sanity_config(*SMALL, "algo.prompt_selection=hard_focus", "trainer.steps=1"), tmp_path / "r")
+    hook = selector(trainer)
+    candidates = trainer.task.sample_batch("train", 6, np.random.default_rng(0))
+    keys = [prompt_key(c) for c in candidates]
+    # posterior failure rates (f + 1) / (s + f + 2): c0 1/4 (2 successes), c1 3/4 (2 failures), c2 unseen 1/2,
+    # c3 never solved in 16 samples (deprioritised), c4 2/3 (1 failure), c5 unseen 1/2
+    hook.history.update([keys[0]] * 2 + [keys[1]] * 2 + [keys[3]] * 16 + [keys[4]], [1, 1, 0, 0] + [0] * 16 + [0])
+    chosen = hook.select_prompts(candidates, 4)
+    assert chosen == [candidates[1], candidates[4], candidates[2], candidates[5]]
+    assert hook.candidates_per_prompt == 4
+
+
+def test_low_likelihood_keeps_the_prompts_whose_reference_is_least_likely(sanity_config, tmp_path):
+    trainer = Trainer(sanity_config(*SMALL, "algo.prompt_selection=low_likelihood", "trainer.steps=1"),
+                      tmp_path / "r")
+    hook, task = selector(trainer), trainer.task
+    candidates = task.sample_batch("train", 8, np.random.default_rng(1))
+    rows = trainer.policy.rollout_from_outputs(candidates, [task.reference_output(c) for c in candidates],
+                                               SamplingParams(trainer.cfg.rollout.temperature))
+    mean = rows.logp.sum(1) / rows.mask.sum(1)
+    expected = [candidates[i] for i in torch.argsort(mean, stable=True)[:3].tolist()]
+    assert hook.select_prompts(candidates, 3) == expected
+
+
+def test_a_selecting_run_resumes_exactly(sanity_config, tmp_path):
+    overrides = [*SMALL, "eval.every=2", "algo.prompt_selection=hard_focus", "trainer.steps=4", "checkpoint.every=2"]
+    full = Trainer(sanity_config(*overrides), tmp_path / "full")
+    full.train()
+    half = Trainer(sanity_config(*overrides[:-2], "trainer.steps=2", "checkpoint.every=2"), tmp_path / "half")
+    half.train()
+    resumed = Trainer(sanity_config(*overrides), tmp_path / "half", resume=True)
+    resumed.train()
+
+    def rows(out):
+        return [{k: v for k, v in json.loads(line).items() if not k.startswith("perf/")}
+                for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+    assert rows(tmp_path / "half") == rows(tmp_path / "full")
+    assert rows(tmp_path / "full")[-1]["rollout/selection_seen_prompts"] == pytest.approx(4 * 4)
