@@ -53,6 +53,8 @@ def task_args(task_id: str, request) -> dict:
         return {"image_size": 32, "world_model": str(request.getfixturevalue("world_model"))}
     if task_id == "data/rows-v0":
         return DATA_ROWS
+    if task_id == "judge/verdict-v0":
+        return {"task": "vlm_sanity/shape_color-v0"}
     if task_id in ("data/mixture-v0", "mixture"):
         return {"sources": [{"name": "vqa", "task": "data/rows-v0", "args": DATA_ROWS},
                             {"name": "shapes", "task": "vlm_sanity/shape_color-v0"}]}
