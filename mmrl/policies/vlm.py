@@ -9,7 +9,7 @@ checkpoint's processor. :meth:`VLMPolicy.encode` is the one place that owns visi
 
 - pixel budget: ``min_pixels`` / ``max_pixels`` (the processor's, or the recipe's override, set on
   both the resize and the image processor so they agree);
-- video: frames at ``video_fps`` (a file is decoded with PyAV and sampled at that rate), an odd
+- video: frames at ``video.fps`` (a file is decoded with PyAV and sampled at that rate), an odd
   count padded with the last frame (qwen-vl-utils), 2 frames per temporal patch; Qwen2.5-VL's
   temporal positions come from ``second_per_grid_ts`` = temporal patch / fps, kept in the payload;
 - prompt length: text + image + video tokens are counted before tokenising and checked against
@@ -64,6 +64,20 @@ class VLLMSettings:
 
 
 @dataclass(frozen=True)
+class VideoSettings:
+    """Videos of :class:`~mmrl.core.contracts.VideoPrompt` examples (``policy.args.video``)."""
+
+    fps: float = 2.0
+    """Frames per second of a video given as frames (their timestamps); a video file is sampled at this rate."""
+    max_frames: int = 32
+    """Most frames sampled from a video file (frames given as a list or array are all used)."""
+    min_pixels: int | None = None
+    """Override of the video processor's smallest frame area (pixels); null keeps the checkpoint's."""
+    max_pixels: int | None = None
+    """Override of the video processor's largest frame area (pixels); bounds the tokens of each frame pair."""
+
+
+@dataclass(frozen=True)
 class VLMConfig:
     pretrained: str | None = None
     """A local HF folder (config, weights, processor: tokenizer + image processor + chat template)."""
@@ -78,14 +92,8 @@ class VLMConfig:
     """Override of the processor's smallest image area (pixels); null keeps the checkpoint's."""
     max_pixels: int | None = None
     """Override of the processor's largest image area (pixels); bounds image tokens and memory."""
-    video_min_pixels: int | None = None
-    """Override of the video processor's smallest frame area (pixels); null keeps the checkpoint's."""
-    video_max_pixels: int | None = None
-    """Override of the video processor's largest frame area (pixels); bounds video tokens per frame pair."""
-    video_fps: float = 2.0
-    """Frames per second of a video given as frames (its timestamps); a video file is sampled at this rate."""
-    video_max_frames: int = 32
-    """Most frames sampled from a video file (frames given as a list or array are all used)."""
+    video: VideoSettings = field(default_factory=VideoSettings)
+    """How videos (``<video>`` in a prompt) become frames; unused by image and text prompts."""
     max_prompt_tokens: int = 1024
     """Text + image + video tokens allowed per prompt; longer prompts fail before any model call."""
     sampler: Literal["hf", "vllm"] = "hf"
@@ -164,10 +172,10 @@ class VLMPolicy(Policy):
         self.model.generation_config = GenerationConfig(pad_token_id=tokenizer.pad_token_id,
                                                         eos_token_id=list(self.eos_ids))
         self.set_pixel_budget(cfg.min_pixels, cfg.max_pixels)
-        self.set_video_budget(cfg.video_min_pixels, cfg.video_max_pixels)
-        if not 0 < cfg.video_fps or cfg.video_max_frames < 2:
-            raise ConfigError(f"policy.args: need video_fps > 0 and video_max_frames >= 2, got {cfg.video_fps}, "
-                              f"{cfg.video_max_frames}")
+        self.set_video_budget(cfg.video.min_pixels, cfg.video.max_pixels)
+        if not 0 < cfg.video.fps or cfg.video.max_frames < 2:
+            raise ConfigError(f"policy.args.video: need fps > 0 and max_frames >= 2, got {cfg.video.fps}, "
+                              f"{cfg.video.max_frames}")
         self.lora = False
         if cfg.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
@@ -242,7 +250,7 @@ class VLMPolicy(Policy):
         lo = min_pixels if min_pixels is not None else size["shortest_edge"]
         hi = max_pixels if max_pixels is not None else size["longest_edge"]
         if not 0 < lo <= hi:
-            raise ValueError(f"need 0 < video_min_pixels <= video_max_pixels, got {lo}, {hi}")
+            raise ValueError(f"need 0 < video.min_pixels <= video.max_pixels, got {lo}, {hi}")
         video_processor.size = {"shortest_edge": lo, "longest_edge": hi}
         self.video_min_pixels, self.video_max_pixels = lo, hi
         self.temporal_patch_size = video_processor.temporal_patch_size
@@ -285,11 +293,11 @@ class VLMPolicy(Policy):
 
     def video_element(self, video: Any, example: int, position: int) -> dict:
         """The qwen-vl-utils message element of one video: its frames (a file decoded and sampled at
-        ``video_fps``), their rate, and the video pixel budget."""
+        ``video.fps``), their rate, and the video pixel budget."""
         if isinstance(video, (str, Path)):
-            frames, fps = read_video_file(Path(video), self.cfg.video_fps, self.cfg.video_max_frames, example, position)
+            frames, fps = read_video_file(Path(video), self.cfg.video.fps, self.cfg.video.max_frames, example, position)
         else:
-            frames, fps = checked_frames(video, example, position), self.cfg.video_fps
+            frames, fps = checked_frames(video, example, position), self.cfg.video.fps
         return {"type": "video", "video": frames, "sample_fps": fps,
                 "min_pixels": self.video_min_pixels, "max_pixels": self.video_max_pixels}
 
@@ -345,7 +353,7 @@ class VLMPolicy(Policy):
         if text_tokens + image_tokens + video_tokens <= self.cfg.max_prompt_tokens:
             return
         videos_part = f" + {video_tokens} video tokens" if videos else ""
-        video_knob = f", policy.args.video_max_pixels (now {self.video_max_pixels}) or the frame count" if videos else ""
+        video_knob = f", policy.args.video.max_pixels (now {self.video_max_pixels}) or the frame count" if videos else ""
         raise ValueError(
             f"example {index}: the prompt needs {text_tokens} text tokens + {image_tokens} image tokens{videos_part} = "
             f"{text_tokens + image_tokens + video_tokens} > policy.args.max_prompt_tokens = "

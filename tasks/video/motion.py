@@ -3,7 +3,7 @@
 In the spirit of ReWatch-R1 (#42: questions answerable only by watching the video), at the scale of
 a tiny VLM. A video is ``num_frames`` frames (``frame_size`` px, square) of ``shapes_per_video``
 shapes, each of a different colour, on a light background; the frames reach the policy as a
-``<video>`` (frames at the policy's ``video_fps``). Questions (``question``):
+``<video>`` (frames at the policy's ``video.fps``). Questions (``question``):
 
 - ``color``: exactly one shape moves ``step`` px per frame in a straight line, the others stay put;
   "Which colour is the shape that moves?" → the colour name;

@@ -54,8 +54,8 @@ def video_examples() -> list[Example]:
 
 
 def tiny_policy(**args):
-    # video_fps 1: 2 s per temporal patch, so Qwen2.5-VL's temporal positions differ from the default of 1.
-    return make_policy("vlm", {"model_spec": SPEC, "max_prompt_tokens": 256, "video_fps": 1.0, **args})
+    # video.fps 1: 2 s per temporal patch, so Qwen2.5-VL's temporal positions differ from the default of 1.
+    return make_policy("vlm", {"model_spec": SPEC, "max_prompt_tokens": 256, "video": {"fps": 1.0}, **args})
 
 
 @pytest.fixture(scope="module")
@@ -184,17 +184,17 @@ def write_mp4(path, frames: list[Image.Image], fps: int) -> None:
         container.mux(stream.encode())
 
 
-def test_a_video_file_is_decoded_and_sampled_at_video_fps(policy, tmp_path):
+def test_a_video_file_is_decoded_and_sampled_at_the_video_fps(policy, tmp_path):
     path = tmp_path / "clip.mp4"
     write_mp4(path, moving_square(8, 56, 56, (220, 30, 30)), fps=4)  # 2 s at 4 fps
     examples = [Example("<video>What moves?", (), (path,)), Example("<video>And here?", (), (str(path),))]
     rollout = policy.rollout(examples, 2, SamplingParams(temperature=1.0, max_new_tokens=8), seed=0)
     prompts = rollout.payload.prompts
-    # 2 s at video_fps 1 is 2 frames, raised to qwen-vl-utils' minimum of 4 (smart_nframes): 4 of the 8
+    # 2 s at video.fps 1 is 2 frames, raised to qwen-vl-utils' minimum of 4 (smart_nframes): 4 of the 8
     # frames, an effective 2 fps → 2 temporal patches 1 s apart.
     assert prompts.video_grid_thw.tolist() == [[2, 4, 4]] * 4 and prompts.second_per_grid_ts.tolist() == [1.0] * 4
     assert ((policy(rollout).logp - rollout.logp) * rollout.mask).abs().max() < 1e-5
-    faster = tiny_policy(video_fps=4.0)  # every frame: 4 temporal patches of 0.5 s
+    faster = tiny_policy(video={"fps": 4.0})  # every frame: 4 temporal patches of 0.5 s
     prompts = faster.encode(examples[:1])
     assert prompts.video_grid_thw.tolist() == [[4, 4, 4]] and prompts.second_per_grid_ts.tolist() == [0.5]
 
