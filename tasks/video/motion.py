@@ -25,7 +25,7 @@ in ``[2^31, 2^32)``, so the splits never share a video.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -176,6 +176,10 @@ class MotionTask:
         self.cfg = cfg
         self.id = "video/motion-v0"
         self.reward_range = (0.0, 1.0)
+        if self.place_still_shapes(np.random.default_rng(0), MovingShape("square", cfg.colors[0], 0, 0, 0, 0, 0, 0),
+                                   cfg.colors[1:cfg.shapes_per_video]) is None:
+            raise ValueError(f"task.args: {cfg.shapes_per_video} shapes of {cfg.shape_size} px do not fit apart in a "
+                             f"{cfg.frame_size} px frame; lower shapes_per_video or shape_size")
 
     def example_from_seed(self, seed: int) -> MotionExample:
         """The video and question of ``seed`` (deterministic; its split is the seed's range)."""
@@ -199,21 +203,30 @@ class MotionTask:
             y = int(rng.integers(travel if uy < 0 else 0, span - (travel if uy > 0 else 0)))
             target = MovingShape(SHAPES[int(rng.integers(len(SHAPES)))], cfg.colors[colors[0]], x, y,
                                  ux * cfg.step, uy * cfg.step, 0, cfg.num_frames - 1)
-        shapes = [target]
-        boxes = [swept_box(target, cfg.num_frames, cfg.shape_size)]
-        for c in colors[1:].tolist():
+        others = self.place_still_shapes(rng, target, [cfg.colors[c] for c in colors[1:].tolist()])
+        if others is None:  # the target's path left no room: the next seed (still in the split's range)
+            return replace(self.example_from_seed(seed + 1), seed=seed)
+        return MotionExample(question, (target, *others), direction, cfg.num_frames, cfg.frame_size, cfg.shape_size,
+                             seed)
+
+    def place_still_shapes(self, rng: np.random.Generator, target: MovingShape,
+                           colors: Sequence[str]) -> list[MovingShape] | None:
+        """Still shapes of ``colors``, apart from ``target``'s path and each other; None if they do not fit."""
+        cfg = self.cfg
+        span = cfg.frame_size - cfg.shape_size + 1
+        shapes, boxes = [], [swept_box(target, cfg.num_frames, cfg.shape_size)]
+        for color in colors:
             for _ in range(MAX_PLACEMENT_TRIES):
-                still = MovingShape(SHAPES[int(rng.integers(len(SHAPES)))], cfg.colors[c], int(rng.integers(span)),
+                still = MovingShape(SHAPES[int(rng.integers(len(SHAPES)))], color, int(rng.integers(span)),
                                     int(rng.integers(span)), 0, 0, 0, cfg.num_frames - 1)
                 box = swept_box(still, cfg.num_frames, cfg.shape_size)
                 if not any(overlaps(box, other, gap=2) for other in boxes):
                     break
             else:
-                raise ValueError(f"task.args: {cfg.shapes_per_video} shapes of {cfg.shape_size} px do not fit apart in "
-                                 f"a {cfg.frame_size} px frame; lower shapes_per_video or shape_size")
+                return None
             shapes.append(still)
             boxes.append(box)
-        return MotionExample(question, tuple(shapes), direction, cfg.num_frames, cfg.frame_size, cfg.shape_size, seed)
+        return shapes
 
     def sample_batch(self, split: str, n: int, rng: np.random.Generator) -> list[MotionExample]:
         if split not in SPLIT_SEEDS:

@@ -99,6 +99,7 @@ def test_reference_outputs_score_one_and_metrics_split_by_question(task):
     ({"num_frames": 1}, "num_frames"),
     ({"step": 20}, "keep the moving shape inside the frame"),
     ({"shape_size": 40}, "shape_size"),
+    ({"shapes_per_video": 4, "shape_size": 28, "step": 9}, "do not fit apart"),
 ])
 def test_bad_task_args_are_rejected(args, pattern):
     with pytest.raises(ValueError, match=pattern):
@@ -111,3 +112,10 @@ def test_tiny_cpu_recipe_trains_end_to_end(tmp_path):
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert {"eval/accuracy", "eval/format_rate", "reward/mean"} <= set(rows[-1])
+
+
+def test_crowded_videos_redraw_instead_of_failing():
+    """Big shapes on long paths sometimes leave no room for the still one: that seed shows the next seed's video."""
+    task = make_task("video/motion-v0", {"shape_size": 20, "step": 10})
+    examples = task.sample_batch("train", 300, np.random.default_rng(0))
+    assert len(examples) == 300 and all(len(e.shapes) == 2 for e in examples)
