@@ -5,6 +5,7 @@ Importing this package registers every built-in task.
 
 from mmrl.tasks import sanity  # noqa: F401
 from mmrl.tasks import vlm_sanity  # noqa: F401
+from mmrl.tasks import video  # noqa: F401
 from mmrl.tasks import imagegen  # noqa: F401
 from mmrl.tasks import robot  # noqa: F401
 from mmrl.tasks import spatial_ssrl  # noqa: F401

@@ -62,6 +62,19 @@ class VisualPrompt(Protocol):
     system: str | None
 
 
+VIDEO_PLACEHOLDER = "<video>"
+"""Where a video of a :class:`VideoPrompt` goes in its prompt text: one per video, in order."""
+
+
+@runtime_checkable
+class VideoPrompt(VisualPrompt, Protocol):
+    """A :class:`VisualPrompt` that also shows videos (``policy: vlm``): ``videos`` holds, in
+    :data:`VIDEO_PLACEHOLDER` order, each video as a list of PIL frames, a uint8 array
+    ``[T, H, W, 3]``, or a video file path. Examples without the attribute show no video."""
+
+    videos: tuple[Any, ...]
+
+
 @runtime_checkable
 class Task(Protocol):
     """A source of examples with a verifiable reward.
@@ -114,6 +127,10 @@ class FollowUp:
     @property
     def system(self) -> str | None:
         return getattr(self.base, "system", None)
+
+    @property
+    def videos(self) -> tuple[Any, ...]:
+        return tuple(getattr(self.base, "videos", ()))
 
 
 def turns_of(example: Any) -> tuple[tuple[str, str], ...]:

@@ -7,6 +7,7 @@ policy's own format; the fingerprint covers the task, policy and warm-start conf
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Callable
@@ -30,13 +31,25 @@ from mmrl.core.registry import make_policy, make_task
 KEY_FIELDS_WHEN_ON = {"vision_steps": ("vision_steps", "vision_lr"), "init_from": ("init_from",)}
 
 
+# Policy arguments added after caches existed: left out of the key while at their defaults.
+POLICY_ARGS_ADDED_LATER = ("video",)
+
+
 def warm_start_key(cfg: TrainConfig) -> str:
     ws = to_dict(cfg.warm_start)
     for switch, names in KEY_FIELDS_WHEN_ON.items():
         if not ws[switch]:
             for name in names:
                 del ws[name]
-    return json.dumps({"task": to_dict(cfg.task), "policy": to_dict(cfg.policy), "warm_start": ws}, sort_keys=True)
+    policy = to_dict(cfg.policy)
+    if dataclasses.is_dataclass(cfg.policy.args):
+        defaults = {f.name: f for f in dataclasses.fields(cfg.policy.args)}
+        for name in POLICY_ARGS_ADDED_LATER:
+            f = defaults.get(name)
+            if f is not None and getattr(cfg.policy.args, name) == (
+                    f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default):
+                del policy["args"][name]
+    return json.dumps({"task": to_dict(cfg.task), "policy": policy, "warm_start": ws}, sort_keys=True)
 
 
 def warm_start_path(cfg: TrainConfig) -> Path:

@@ -75,7 +75,7 @@ def train_tokenizer(spec: dict[str, Any]) -> PreTrainedTokenizerFast:
 
 def build_processor(spec: dict[str, Any]):
     """The model type's processor: trained tokenizer + ``Qwen2VLImageProcessor`` with the spec's
-    pixel budgets + the matching video processor (required by the processor class)."""
+    pixel budgets + the matching video processor (required by the processor class; same budgets)."""
     import transformers
 
     ip = spec["image_processor"]
@@ -83,7 +83,10 @@ def build_processor(spec: dict[str, Any]):
         size={"shortest_edge": ip["min_pixels"], "longest_edge": ip["max_pixels"]},
         patch_size=ip["patch_size"], merge_size=ip["merge_size"], temporal_patch_size=ip["temporal_patch_size"])
     processor_name, video_name = PROCESSORS[spec["model"]["model_type"]]
+    # Video frames get the images' pixel budget (the checkpoint default, ~100 k pixels a frame, is far
+    # beyond a tiny model's context).
     video_processor = getattr(transformers, video_name)(
+        size={"shortest_edge": ip["min_pixels"], "longest_edge": ip["max_pixels"]},
         patch_size=ip["patch_size"], merge_size=ip["merge_size"], temporal_patch_size=ip["temporal_patch_size"])
     tokenizer = train_tokenizer(spec)
     return getattr(transformers, processor_name)(image_processor=image_processor, tokenizer=tokenizer,

@@ -1,38 +1,44 @@
 """A policy over any Hugging Face Qwen2-VL / Qwen2.5-VL / Qwen3-VL checkpoint folder.
 
 Examples meet :class:`mmrl.core.contracts.VisualPrompt` (``prompt`` with one ``<image>`` per image,
-``images``, ``system``); outputs are the decoded completion strings. The policy builds the chat
-messages, resizes images with ``qwen_vl_utils.process_vision_info`` under its pixel budget and
-tokenises with the checkpoint's processor. :meth:`VLMPolicy.encode` is the one place that owns
-image-token accounting:
+``images``, ``system``), and :class:`~mmrl.core.contracts.VideoPrompt` when they also show videos
+(one ``<video>`` per video: PIL frames, a uint8 ``[T, H, W, 3]`` array or a file path); outputs are
+the decoded completion strings. The policy builds the chat messages, resizes images and video frames
+with ``qwen_vl_utils.process_vision_info`` under its pixel budgets and tokenises with the
+checkpoint's processor. :meth:`VLMPolicy.encode` is the one place that owns vision-token accounting:
 
 - pixel budget: ``min_pixels`` / ``max_pixels`` (the processor's, or the recipe's override, set on
   both the resize and the image processor so they agree);
-- prompt length: text + image tokens are counted before tokenising and checked against
+- video: frames at ``video.fps`` (a file is decoded with PyAV and sampled at that rate), an odd
+  count padded with the last frame (qwen-vl-utils), 2 frames per temporal patch; Qwen2.5-VL's
+  temporal positions come from ``second_per_grid_ts`` = temporal patch / fps, kept in the payload;
+- prompt length: text + image + video tokens are counted before tokenising and checked against
   ``max_prompt_tokens``; the error names both numbers and the knob to turn;
 - one padding side: prompts left, completions right;
 - vision and other special tokens are never sampled (suppressed in sampling *and* scoring) and a
   completion is cut at any such token an engine returns anyway, so none reaches re-scoring.
 
 Re-scoring passes ``mm_token_type_ids`` (prompt types, zeros over the completion) with
-``image_grid_thw``: without them Qwen2.5-VL silently falls back to 1-D positions and the
+``image_grid_thw`` / ``video_grid_thw``: without them Qwen2.5-VL silently falls back to 1-D positions and the
 on-policy ratio is no longer 1 (``tests/policies/test_vlm.py`` shows both).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from torch import Tensor
 from torch.nn import functional as F
 from transformers import AutoModelForImageTextToText, AutoProcessor, GenerationConfig
 
 from mmrl.core.config import ConfigError
-from mmrl.core.contracts import IMAGE_PLACEHOLDER, Policy, PolicyOutput, turns_of
+from mmrl.core.contracts import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER, Policy, PolicyOutput, VideoPrompt, turns_of
 from mmrl.policies.lora import BASE_FOLDER, add_lora, load_lora_weights
 from mmrl.policies.tokens import positions_from_mask, token_logprobs
 from mmrl.core.rollout import Rollout, SamplingParams
@@ -58,6 +64,20 @@ class VLLMSettings:
 
 
 @dataclass(frozen=True)
+class VideoSettings:
+    """Videos of :class:`~mmrl.core.contracts.VideoPrompt` examples (``policy.args.video``)."""
+
+    fps: float = 2.0
+    """Frames per second of a video given as frames (their timestamps); a video file is sampled at this rate."""
+    max_frames: int = 32
+    """Most frames sampled from a video file (frames given as a list or array are all used)."""
+    min_pixels: int | None = None
+    """Override of the video processor's smallest frame area (pixels); null keeps the checkpoint's."""
+    max_pixels: int | None = None
+    """Override of the video processor's largest frame area (pixels); bounds the tokens of each frame pair."""
+
+
+@dataclass(frozen=True)
 class VLMConfig:
     pretrained: str | None = None
     """A local HF folder (config, weights, processor: tokenizer + image processor + chat template)."""
@@ -72,8 +92,10 @@ class VLMConfig:
     """Override of the processor's smallest image area (pixels); null keeps the checkpoint's."""
     max_pixels: int | None = None
     """Override of the processor's largest image area (pixels); bounds image tokens and memory."""
+    video: VideoSettings = field(default_factory=VideoSettings)
+    """How videos (``<video>`` in a prompt) become frames; unused by image and text prompts."""
     max_prompt_tokens: int = 1024
-    """Text + image tokens allowed per prompt; longer prompts fail before any model call."""
+    """Text + image + video tokens allowed per prompt; longer prompts fail before any model call."""
     sampler: Literal["hf", "vllm"] = "hf"
     """``hf``: transformers ``generate``; ``vllm``: a colocated vLLM engine (GPU, optional extra)."""
     generation_batch_rows: int = 0
@@ -150,6 +172,10 @@ class VLMPolicy(Policy):
         self.model.generation_config = GenerationConfig(pad_token_id=tokenizer.pad_token_id,
                                                         eos_token_id=list(self.eos_ids))
         self.set_pixel_budget(cfg.min_pixels, cfg.max_pixels)
+        self.set_video_budget(cfg.video.min_pixels, cfg.video.max_pixels)
+        if not 0 < cfg.video.fps or cfg.video.max_frames < 2:
+            raise ConfigError(f"policy.args.video: need fps > 0 and max_frames >= 2, got {cfg.video.fps}, "
+                              f"{cfg.video.max_frames}")
         self.lora = False
         if cfg.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
@@ -217,6 +243,24 @@ class VLMPolicy(Policy):
         self.patch_size = self.processor.image_processor.patch_size
         self.merge_size = self.processor.image_processor.merge_size
 
+    def set_video_budget(self, min_pixels: int | None, max_pixels: int | None) -> None:
+        """Frame-area bounds of videos, set on both the qwen-vl-utils resize and the video processor."""
+        video_processor = self.processor.video_processor
+        size = video_processor.size
+        lo = min_pixels if min_pixels is not None else size["shortest_edge"]
+        hi = max_pixels if max_pixels is not None else size["longest_edge"]
+        if not 0 < lo <= hi:
+            raise ValueError(f"need 0 < video.min_pixels <= video.max_pixels, got {lo}, {hi}")
+        video_processor.size = {"shortest_edge": lo, "longest_edge": hi}
+        self.video_min_pixels, self.video_max_pixels = lo, hi
+        self.temporal_patch_size = video_processor.temporal_patch_size
+
+    def video_tokens(self, video: Tensor) -> int:
+        """Placeholder tokens of a video ``[T, 3, H, W]`` already resized by qwen-vl-utils."""
+        factor = self.patch_size * self.merge_size
+        frames, _, height, width = video.shape
+        return -(-frames // self.temporal_patch_size) * (height // factor) * (width // factor)
+
     def image_tokens(self, width: int, height: int) -> int:
         """Placeholder tokens of an image already resized to the budget (multiples of patch·merge)."""
         factor = self.patch_size * self.merge_size
@@ -224,22 +268,39 @@ class VLMPolicy(Policy):
 
     def messages(self, example: Any, index: int) -> list[dict]:
         prompt, images, system = example.prompt, tuple(example.images), example.system
+        videos = tuple(example.videos) if isinstance(example, VideoPrompt) else ()
         if not isinstance(prompt, str):
             raise TypeError(f"example {index}: prompt must be a str, got {type(prompt).__name__}")
-        parts = prompt.split(IMAGE_PLACEHOLDER)
-        if len(parts) - 1 != len(images):
-            raise ValueError(f"example {index}: the prompt has {len(parts) - 1} {IMAGE_PLACEHOLDER} placeholder(s) "
-                             f"but {len(images)} image(s) were given; put one {IMAGE_PLACEHOLDER} per image in the prompt")
+        for placeholder, items, kind in ((IMAGE_PLACEHOLDER, images, "image"), (VIDEO_PLACEHOLDER, videos, "video")):
+            if prompt.count(placeholder) != len(items):
+                raise ValueError(f"example {index}: the prompt has {prompt.count(placeholder)} {placeholder} "
+                                 f"placeholder(s) but {len(items)} {kind}(s) were given; put one {placeholder} per "
+                                 f"{kind} in the prompt")
         content: list[dict] = []
-        for i, text in enumerate(parts):
-            if text:
-                content.append({"type": "text", "text": text})
-            if i < len(images):
-                content.append({"type": "image", "image": checked_image(images[i], index, i),
+        shown = {IMAGE_PLACEHOLDER: iter(enumerate(images)), VIDEO_PLACEHOLDER: iter(enumerate(videos))}
+        for piece in re.split(f"({re.escape(IMAGE_PLACEHOLDER)}|{re.escape(VIDEO_PLACEHOLDER)})", prompt):
+            if piece == IMAGE_PLACEHOLDER:
+                i, image = next(shown[piece])
+                content.append({"type": "image", "image": checked_image(image, index, i),
                                 "min_pixels": self.min_pixels, "max_pixels": self.max_pixels})
+            elif piece == VIDEO_PLACEHOLDER:
+                i, video = next(shown[piece])
+                content.append(self.video_element(video, index, i))
+            elif piece:
+                content.append({"type": "text", "text": piece})
         user = {"role": "user", "content": content}
         later = [{"role": role, "content": [{"type": "text", "text": text}]} for role, text in turns_of(example)]
         return ([{"role": "system", "content": system}] if system is not None else []) + [user, *later]
+
+    def video_element(self, video: Any, example: int, position: int) -> dict:
+        """The qwen-vl-utils message element of one video: its frames (a file decoded and sampled at
+        ``video.fps``), their rate, and the video pixel budget."""
+        if isinstance(video, (str, Path)):
+            frames, fps = read_video_file(Path(video), self.cfg.video.fps, self.cfg.video.max_frames, example, position)
+        else:
+            frames, fps = checked_frames(video, example, position), self.cfg.video.fps
+        return {"type": "video", "video": frames, "sample_fps": fps,
+                "min_pixels": self.video_min_pixels, "max_pixels": self.video_max_pixels}
 
     def encode(self, examples: Sequence[Any]) -> VisionPrompts:
         """Examples → model inputs (one row each), with the prompt-length check up front."""
@@ -249,23 +310,27 @@ class VLMPolicy(Policy):
         texts = [self.processor.apply_chat_template(c, tokenize=False, add_generation_prompt=True)
                  for c in conversations]
         resized: list[tuple[Any, ...]] = []
+        clips: list[tuple[tuple[Tensor, dict], ...]] = []  # per row: (frames [T, 3, H, W], metadata) per video
         for i, conversation in enumerate(conversations):
             try:
-                images, _ = process_vision_info(conversation, image_patch_size=self.patch_size)
+                images, videos, _ = process_vision_info(conversation, return_video_kwargs=True,
+                                                        return_video_metadata=True, image_patch_size=self.patch_size)
             except Exception as err:  # qwen_vl_utils raises bare errors on unreadable/odd images
-                raise ValueError(f"example {i}: an image could not be prepared ({type(err).__name__}: {err})") from None
+                raise ValueError(f"example {i}: an image or video could not be prepared "
+                                 f"({type(err).__name__}: {err})") from None
             resized.append(tuple(images or ()))
+            clips.append(tuple(videos or ()))
         tokenizer = self.processor.tokenizer
-        for i, (text, images) in enumerate(zip(texts, resized)):
-            text_tokens = len(tokenizer(text, add_special_tokens=False)["input_ids"]) - len(images)
-            image_tokens = sum(self.image_tokens(*im.size) for im in images)
-            if text_tokens + image_tokens > self.cfg.max_prompt_tokens:
-                raise ValueError(
-                    f"example {i}: the prompt needs {text_tokens} text tokens + {image_tokens} image tokens = "
-                    f"{text_tokens + image_tokens} > policy.args.max_prompt_tokens = {self.cfg.max_prompt_tokens}; "
-                    f"lower policy.args.max_pixels (now {self.max_pixels}) or raise max_prompt_tokens")
+        for i, (text, images, videos) in enumerate(zip(texts, resized, clips)):
+            self.check_prompt_length(i, text, images, [frames for frames, _ in videos])
         flat = [im for images in resized for im in images]
-        enc = self.processor(text=texts, images=flat or None, padding=True, padding_side="left", return_tensors="pt")
+        flat_videos = [video for videos in clips for video in videos]
+        # Video keywords only when a row shows a video: image and text rows are encoded exactly as before.
+        video_kwargs = {} if not flat_videos else {
+            "videos": [frames for frames, _ in flat_videos], "video_metadata": [meta for _, meta in flat_videos],
+            "do_sample_frames": False, "cap_pixels_per_frame": True}  # qwen-vl-utils' per-frame cap, as resized
+        enc = self.processor(text=texts, images=flat or None, padding=True, padding_side="left", return_tensors="pt",
+                             **video_kwargs)
         images_per_row = torch.tensor([len(images) for images in resized], dtype=torch.long)
         grid = enc["image_grid_thw"] if flat else None
         if grid is not None:  # the processor must have kept the budget's sizes (one accounting)
@@ -273,12 +338,41 @@ class VLMPolicy(Policy):
             placed = int((enc["input_ids"] == self.processor.image_token_id).sum())
             if counted != placed:
                 raise RuntimeError(f"image tokens counted {counted} != placed by the processor {placed}")
+        dtype = next(self.model.parameters()).dtype
         return VisionPrompts(
             input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
             mm_token_type_ids=enc["mm_token_type_ids"].long(),
-            pixel_values=enc["pixel_values"].to(next(self.model.parameters()).dtype) if flat else None,
+            pixel_values=enc["pixel_values"].to(dtype) if flat else None,
             image_grid_thw=grid, images_per_row=images_per_row, pad_id=tokenizer.pad_token_id,
-            texts=tuple(texts), images=tuple(resized))
+            texts=tuple(texts), images=tuple(resized), **self.video_fields(enc, clips, dtype))
+
+    def check_prompt_length(self, index: int, text: str, images: Sequence[Any], videos: Sequence[Tensor]) -> None:
+        """Text + image + video tokens of one templated prompt against ``max_prompt_tokens``, before tokenising."""
+        text_tokens = len(self.processor.tokenizer(text, add_special_tokens=False)["input_ids"]) - len(images) - len(videos)
+        image_tokens = sum(self.image_tokens(*im.size) for im in images)
+        video_tokens = sum(self.video_tokens(frames) for frames in videos)
+        if text_tokens + image_tokens + video_tokens <= self.cfg.max_prompt_tokens:
+            return
+        videos_part = f" + {video_tokens} video tokens" if videos else ""
+        video_knob = f", policy.args.video.max_pixels (now {self.video_max_pixels}) or the frame count" if videos else ""
+        raise ValueError(
+            f"example {index}: the prompt needs {text_tokens} text tokens + {image_tokens} image tokens{videos_part} = "
+            f"{text_tokens + image_tokens + video_tokens} > policy.args.max_prompt_tokens = "
+            f"{self.cfg.max_prompt_tokens}; lower policy.args.max_pixels (now {self.max_pixels}){video_knob} "
+            f"or raise max_prompt_tokens")
+
+    def video_fields(self, enc: Any, clips: Sequence[Sequence[tuple[Tensor, dict]]], dtype: torch.dtype) -> dict:
+        """The VisionPrompts video fields of a processor output (none when no row shows a video)."""
+        if not any(clips):
+            return {}
+        counted = sum(self.video_tokens(frames) for videos in clips for frames, _ in videos)
+        placed = int((enc["input_ids"] == self.processor.video_token_id).sum())
+        if counted != placed:
+            raise RuntimeError(f"video tokens counted {counted} != placed by the processor {placed}")
+        seconds = enc.get("second_per_grid_ts")  # Qwen2.5-VL only: seconds per temporal patch
+        return dict(videos_per_row=torch.tensor([len(videos) for videos in clips], dtype=torch.long),
+                    pixel_values_videos=enc["pixel_values_videos"].to(dtype), video_grid_thw=enc["video_grid_thw"],
+                    second_per_grid_ts=None if seconds is None else torch.as_tensor(seconds, dtype=torch.float32))
 
     # -- sampling --------------------------------------------------------------------------------
     @property
@@ -374,10 +468,9 @@ class VLMPolicy(Policy):
         completion_ids, completion_mask = payload.completion_ids.to(device), payload.completion_mask.to(device)
         input_ids = torch.cat([prompts.input_ids, completion_ids], 1)
         attention = torch.cat([prompts.attention_mask, completion_mask], 1)
-        inputs: dict[str, Any] = {}
-        if prompts.image_grid_thw is not None:
+        inputs: dict[str, Any] = prompts.vision_inputs()
+        if inputs:
             # 3-D (mRoPE) positions from the token types; the completion is text (type 0).
-            inputs |= {"pixel_values": prompts.pixel_values, "image_grid_thw": prompts.image_grid_thw}
             if with_token_types:
                 inputs["mm_token_type_ids"] = F.pad(prompts.mm_token_type_ids, (0, completion_ids.shape[1]))
         else:  # text only: 1-D positions that skip the left padding, as generate computes them
@@ -457,11 +550,72 @@ def checked_image(image: Any, example: int, position: int) -> Any:
     if not isinstance(image, Image.Image):
         raise TypeError(f"example {example}: image {position} must be a PIL.Image, got {type(image).__name__} "
                         f"(open files with PIL.Image.open and pass the image)")
+    return loaded_image(image, f"example {example}: image {position}")
+
+
+def loaded_image(image: Any, what: str) -> Any:
+    """``image`` (a PIL image) decoded, if it is readable and non-empty; else a ValueError naming ``what``."""
     try:
         image.load()
     except Exception as err:  # PIL raises OSError / SyntaxError / ... for truncated or corrupt files
-        raise ValueError(f"example {example}: image {position} is corrupt or truncated ({err})") from None
+        raise ValueError(f"{what} is corrupt or truncated ({err})") from None
     if image.width < 1 or image.height < 1:
-        raise ValueError(f"example {example}: image {position} is empty ({image.width}x{image.height})")
+        raise ValueError(f"{what} is empty ({image.width}x{image.height})")
     return image
 
+
+
+def checked_frames(video: Any, example: int, position: int) -> list[Any]:
+    """A video given as PIL frames or a uint8 array ``[T, H, W, 3]`` → its non-empty list of same-size
+    PIL frames; else an error saying which video of which example is wrong."""
+    from PIL import Image
+
+    where = f"example {example}: video {position}"
+    if isinstance(video, np.ndarray):
+        if video.ndim != 4 or video.shape[-1] != 3 or video.dtype != np.uint8:
+            raise ValueError(f"{where}: an array video must be uint8 [T, H, W, 3], got {video.dtype} {list(video.shape)}")
+        frames = [Image.fromarray(frame) for frame in video]
+    elif isinstance(video, (list, tuple)):
+        frames = list(video)
+    else:
+        raise TypeError(f"{where} must be a list of PIL frames, a uint8 array [T, H, W, 3] or a file path, "
+                        f"got {type(video).__name__}")
+    if not frames:
+        raise ValueError(f"{where} has no frames")
+    for k, frame in enumerate(frames):
+        if not isinstance(frame, Image.Image):
+            raise TypeError(f"{where}: frame {k} must be a PIL.Image, got {type(frame).__name__}")
+        loaded_image(frame, f"{where}: frame {k}")
+        if frame.size != frames[0].size:
+            raise ValueError(f"{where}: frame {k} is {frame.size[0]}x{frame.size[1]} but frame 0 is "
+                             f"{frames[0].size[0]}x{frames[0].size[1]}; all frames of a video need one size")
+    return [frame.convert("RGB") for frame in frames]
+
+
+def read_video_file(path: Path, fps: float, max_frames: int, example: int, position: int) -> tuple[list[Any], float]:
+    """Decode ``path`` with PyAV and keep frames evenly spaced at ``fps`` (at most ``max_frames``, as
+    qwen-vl-utils' ``smart_nframes`` counts them); returns the frames and their effective rate.
+
+    qwen-vl-utils' own readers need torchcodec, decord or ``torchvision.io.read_video`` (removed in
+    torchvision 0.24); PyAV ships with qwen-vl-utils, and the frames then take its frame-list path."""
+    import av
+    from qwen_vl_utils.vision_process import smart_nframes
+
+    where = f"example {example}: video {position} ({path})"
+    if not path.is_file():
+        raise FileNotFoundError(f"{where} is not a file")
+    try:
+        with av.open(str(path)) as container:
+            stream = container.streams.video[0]
+            rate = float(stream.average_rate or stream.guessed_rate or 0)
+            frames = [frame.to_image() for frame in container.decode(stream)]
+    except Exception as err:  # PyAV raises InvalidDataError / IndexError / ... for corrupt or non-video files
+        raise ValueError(f"{where} could not be decoded ({type(err).__name__}: {err})") from None
+    if len(frames) < 2 or rate <= 0:
+        raise ValueError(f"{where} has {len(frames)} decodable frame(s) at {rate} fps; a video needs >= 2 frames")
+    try:
+        count = smart_nframes({"fps": fps, "max_frames": max_frames}, total_frames=len(frames), video_fps=rate)
+    except ValueError as err:
+        raise ValueError(f"{where}: {err}") from None
+    index = np.linspace(0, len(frames) - 1, count).round().astype(int)
+    return [frames[i] for i in index], count / len(frames) * rate

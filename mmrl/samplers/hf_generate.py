@@ -61,10 +61,9 @@ class HFGenerateSampler:
             eos_token_id=list(rules.eos_ids), suppress_tokens=rules.suppressed.tolist() or None,
             output_logits=True, return_dict_in_generate=True,
             **({} if greedy else {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": 0}))
-        vision = {} if prompts.image_grid_thw is None else {"pixel_values": prompts.pixel_values,
-                                                             "image_grid_thw": prompts.image_grid_thw}
         out = model.generate(input_ids=prompts.input_ids, attention_mask=prompts.attention_mask,
-                             mm_token_type_ids=prompts.mm_token_type_ids, generation_config=config, **vision)
+                             mm_token_type_ids=prompts.mm_token_type_ids, generation_config=config,
+                             **prompts.vision_inputs())
         completion_ids = out.sequences[:, prompts.input_ids.shape[1]:]  # [n, T]
         logits = torch.stack(out.logits, dim=1)  # [n, T, V] raw logits (before processors)
         mask = completion_mask_from_eos(completion_ids, rules.eos_ids)  # [n, T]: tokens up to the first EOS

@@ -10,7 +10,7 @@ policies; the policy re-scores the same rows with gradients.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import torch
@@ -20,16 +20,32 @@ from torch.nn import functional as F
 from mmrl.core.rollout import SamplingParams
 
 
+def _items_of_rows(rows: Tensor, per_row: Tensor, grid_thw: Tensor | None) -> tuple[Tensor, Tensor]:
+    """Indices of the visual items (images or videos, [k] long) of ``rows`` and of their patch rows
+    ([m] long): row r owns ``per_row[r]`` consecutive items, item i ``grid_thw[i].prod()`` consecutive patches."""
+    first_item = torch.cumsum(per_row, 0) - per_row  # [N]
+    items = [torch.arange(int(first_item[r]), int(first_item[r] + per_row[r])) for r in rows.tolist()]
+    item_index = torch.cat(items) if items else torch.zeros(0, dtype=torch.long)
+    if grid_thw is None:
+        return item_index, torch.zeros(0, dtype=torch.long)
+    patches = grid_thw.prod(-1)  # [num_items]
+    first_patch = torch.cumsum(patches, 0) - patches
+    patch_rows = [torch.arange(int(first_patch[i]), int(first_patch[i] + patches[i])) for i in item_index.tolist()]
+    return item_index, (torch.cat(patch_rows) if patch_rows else torch.zeros(0, dtype=torch.long))
+
+
 @dataclass(frozen=True)
 class VisionPrompts:
     """N prompt rows as the model reads them. Images of row r are ``images_per_row[r]`` consecutive
-    entries of ``image_grid_thw``, whose patches are consecutive rows of ``pixel_values``.
+    entries of ``image_grid_thw``, whose patches are consecutive rows of ``pixel_values``; videos
+    likewise (``videos_per_row``, ``video_grid_thw``, ``pixel_values_videos``), each with its
+    ``second_per_grid_ts`` (seconds between temporal patches: Qwen2.5-VL's temporal positions).
 
     ``texts`` / ``images`` are the chat-templated strings (one ``<|image_pad|>`` per image, not
     expanded) and the resized images: what an engine that tokenises itself (vLLM) consumes.
     """
 
-    input_ids: Tensor  # [N, P] long, left-padded, one <|image_pad|> per image token
+    input_ids: Tensor  # [N, P] long, left-padded, one <|image_pad|> / <|video_pad|> per vision token
     attention_mask: Tensor  # [N, P] long {0,1}
     mm_token_type_ids: Tensor  # [N, P] long: 0 text, 1 image, 2 video (Qwen-VL 3-D positions need it)
     pixel_values: Tensor | None  # [patches, D] float, all images of all rows in row order
@@ -38,27 +54,30 @@ class VisionPrompts:
     pad_id: int
     texts: tuple[str, ...] = ()
     images: tuple[tuple[Any, ...], ...] = ()  # PIL images per row (after the pixel-budget resize)
+    videos_per_row: Tensor | None = None  # [N] long; None when no row has a video
+    pixel_values_videos: Tensor | None = None  # [video patches, D] float, all videos of all rows in row order
+    video_grid_thw: Tensor | None = None  # [num_videos, 3] long (t, h, w) in patches
+    second_per_grid_ts: Tensor | None = None  # [num_videos] float; None where the processor gives none (Qwen2-VL, Qwen3-VL)
 
     @property
     def num_rows(self) -> int:
         return self.input_ids.shape[0]
 
-    def _patch_rows(self, rows: Tensor) -> tuple[Tensor, Tensor]:
-        """Indices of the images ([k] long) and of the pixel rows ([m] long) of ``rows``."""
-        first_image = torch.cumsum(self.images_per_row, 0) - self.images_per_row  # [N]
-        images = [torch.arange(int(first_image[r]), int(first_image[r] + self.images_per_row[r])) for r in rows.tolist()]
-        image_index = torch.cat(images) if images else torch.zeros(0, dtype=torch.long)
-        if self.image_grid_thw is None:
-            return image_index, torch.zeros(0, dtype=torch.long)
-        patches = self.image_grid_thw.prod(-1)  # [num_images]
-        first_patch = torch.cumsum(patches, 0) - patches
-        pixel_rows = [torch.arange(int(first_patch[i]), int(first_patch[i] + patches[i])) for i in image_index.tolist()]
-        return image_index, (torch.cat(pixel_rows) if pixel_rows else torch.zeros(0, dtype=torch.long))
-
     def select(self, index: Tensor) -> VisionPrompts:
         index = index.long().cpu()
-        image_index, pixel_rows = self._patch_rows(index)
+        image_index, pixel_rows = _items_of_rows(index, self.images_per_row, self.image_grid_thw)
         has_images = image_index.numel() > 0
+        videos: dict[str, Any] = {}
+        if self.videos_per_row is not None:
+            video_index, video_rows = _items_of_rows(index, self.videos_per_row, self.video_grid_thw)
+            has_videos = video_index.numel() > 0
+            videos = dict(
+                videos_per_row=self.videos_per_row[index],
+                pixel_values_videos=self.pixel_values_videos[video_rows.to(self.pixel_values_videos.device)]
+                if has_videos else None,
+                video_grid_thw=self.video_grid_thw[video_index] if has_videos else None,
+                second_per_grid_ts=self.second_per_grid_ts[video_index]
+                if has_videos and self.second_per_grid_ts is not None else None)
         return VisionPrompts(
             input_ids=self.input_ids[index], attention_mask=self.attention_mask[index],
             mm_token_type_ids=self.mm_token_type_ids[index],
@@ -66,7 +85,7 @@ class VisionPrompts:
             image_grid_thw=self.image_grid_thw[image_index] if has_images else None,
             images_per_row=self.images_per_row[index], pad_id=self.pad_id,
             texts=tuple(self.texts[i] for i in index.tolist()) if self.texts else (),
-            images=tuple(self.images[i] for i in index.tolist()) if self.images else ())
+            images=tuple(self.images[i] for i in index.tolist()) if self.images else (), **videos)
 
     @classmethod
     def concat(cls, parts: Sequence[VisionPrompts]) -> VisionPrompts:
@@ -86,15 +105,44 @@ class VisionPrompts:
             image_grid_thw=torch.cat([p.image_grid_thw for p in with_images]) if with_images else None,
             images_per_row=torch.cat([p.images_per_row for p in parts]), pad_id=pad,
             texts=tuple(t for p in parts for t in p.texts) if all(p.texts for p in parts) else (),
-            images=tuple(i for p in parts for i in p.images) if all(p.images for p in parts) else ())
+            images=tuple(i for p in parts for i in p.images) if all(p.images for p in parts) else (),
+            **concat_videos(parts))
 
     def to(self, device: torch.device | str) -> VisionPrompts:
         def move(x: Tensor | None) -> Tensor | None:
             return None if x is None else x.to(device)
 
-        return VisionPrompts(self.input_ids.to(device), self.attention_mask.to(device),
-                             self.mm_token_type_ids.to(device), move(self.pixel_values), move(self.image_grid_thw),
-                             self.images_per_row, self.pad_id, self.texts, self.images)
+        return replace(self, input_ids=self.input_ids.to(device), attention_mask=self.attention_mask.to(device),
+                       mm_token_type_ids=self.mm_token_type_ids.to(device), pixel_values=move(self.pixel_values),
+                       image_grid_thw=move(self.image_grid_thw), pixel_values_videos=move(self.pixel_values_videos),
+                       video_grid_thw=move(self.video_grid_thw), second_per_grid_ts=move(self.second_per_grid_ts))
+
+    def vision_inputs(self) -> dict[str, Tensor]:
+        """The model's keyword inputs for the images and videos these rows hold (none for text-only rows)."""
+        inputs: dict[str, Tensor] = {}
+        if self.image_grid_thw is not None:
+            inputs |= {"pixel_values": self.pixel_values, "image_grid_thw": self.image_grid_thw}
+        if self.video_grid_thw is not None:
+            inputs |= {"pixel_values_videos": self.pixel_values_videos, "video_grid_thw": self.video_grid_thw}
+            if self.second_per_grid_ts is not None:
+                inputs["second_per_grid_ts"] = self.second_per_grid_ts
+        return inputs
+
+
+def concat_videos(parts: Sequence[VisionPrompts]) -> dict[str, Any]:
+    """The video fields of ``parts`` stacked in row order (empty when no part holds a video row)."""
+    if all(p.videos_per_row is None for p in parts):
+        return {}
+    with_videos = [p for p in parts if p.video_grid_thw is not None]
+    timed = [p.second_per_grid_ts for p in with_videos if p.second_per_grid_ts is not None]
+    if timed and len(timed) != len(with_videos):
+        raise ValueError("cannot concatenate prompts with and without second_per_grid_ts (two processor kinds)")
+    return dict(
+        videos_per_row=torch.cat([p.videos_per_row if p.videos_per_row is not None
+                                  else torch.zeros(p.num_rows, dtype=torch.long) for p in parts]),
+        pixel_values_videos=torch.cat([p.pixel_values_videos for p in with_videos]) if with_videos else None,
+        video_grid_thw=torch.cat([p.video_grid_thw for p in with_videos]) if with_videos else None,
+        second_per_grid_ts=torch.cat(timed) if timed else None)
 
 
 @dataclass(frozen=True)

@@ -88,6 +88,9 @@ class VLLMSampler:
 
         if not prompts.texts:
             raise ValueError("the vLLM sampler needs the prompts' texts and images (VisionPrompts.texts / .images)")
+        if prompts.video_grid_thw is not None:
+            raise ValueError("the vLLM sampler takes images only, and these prompts hold videos: "
+                             "use policy.args.sampler: hf for video tasks")
         llm = self._engine()
         if self.settings.sleep_between_rollouts:
             llm.wake_up()
