@@ -17,6 +17,7 @@ from mmrl.algos.regularizers import (KL_ESTIMATORS, drift_gate, entropy_from_log
 from mmrl.algos.sampling import groups_with_signal, overlong_penalty
 from mmrl.algos.shaping import SHAPING_HOOKS, ShapingContext
 from mmrl.algos import variants  # noqa: E402,F401  (registers the paper variants on the axes above)
+from mmrl.algos import offpolicy  # noqa: E402,F401  (registers the off-policy learners' loss hook)
 from mmrl.algos.flow_grpo import GAUSSIAN_KL_ESTIMATORS  # noqa: E402  (grpo_global_std, gaussian_mean KL)
 
 __all__ = [

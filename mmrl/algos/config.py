@@ -20,7 +20,7 @@ class AlgoConfig:
     adv_eps: float = 1e-6
     """Added to the std in GRPO / whitening (EasyR1, verl)."""
     gamma: float = 1.0
-    """Discount for gae, returns and reinforce_pp."""
+    """Discount for gae, returns and reinforce_pp, and per decision in the off-policy critics' TD targets."""
     lam: float = 0.95
     """GAE λ (Schulman et al. 2016)."""
     whiten_advantages: bool = True
@@ -130,6 +130,12 @@ class AlgoConfig:
     against the task's reference output, |A|-weighted; ``extra.calibrl``) | pacs (PACS, arXiv 2509.02522:
     BCE of the verifier outcome on a group-centred log-ratio score) | frpo (FRPO, arXiv 2602.08813: the
     max-min robust GRPO objective); pacs and frpo replace the surrogate: use them with ``policy_loss: none``."""
+
+    offpolicy: str | None = None
+    """Registered off-policy learner (mmrl/algos/offpolicy/, issue 27): wsrl (WSRL, seed #57: Cal-QL offline
+    pre-training on demonstrations, warm-up rollouts, online Q-learning without the offline data;
+    ``extra.wsrl``). Its loss hook stores each step's episodes in a replay buffer and trains a Q ensemble and
+    the policy (SAC actor) from it; use it with ``policy_loss: none``. Needs a Gaussian action head. None: off."""
 
     extra: dict = field(default_factory=dict, hash=False)
     """Hyper-parameters of experimental shaping hooks, by hook name (documented per hook)."""

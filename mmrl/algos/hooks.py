@@ -12,8 +12,8 @@ change *how rows are drawn* or *add a loss term with data of its own* are hooks,
 Each entry is a :class:`HookSpec`: ``selected(cfg)`` says whether the run's config turns the hook
 on (from the config fields the variant documents), ``build(ctx)`` makes it for one run. The trainer
 builds every selected hook, in registration order, at start-up; hooks that wrap (``draw``) nest in
-that order, the first registered outermost. A hook's mutable state is checkpointed through
-``state_dict`` / ``load_state_dict``.
+that order, the first registered outermost. A hook's mutable state (rollout and loss hooks alike) is
+checkpointed through ``state_dict`` / ``load_state_dict``.
 
 Adding a variant is adding a hook class and one ``register`` call (``docs/architecture.md``).
 """
@@ -148,6 +148,14 @@ class LossHook:
 
     def metrics(self) -> dict[str, float]:
         return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able state saved with each checkpoint (hooks with large state write a file of their own under
+        the run folder and return its name)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (exact resume); checkpoints from before loss hooks kept state give {}."""
 
 
 @dataclass(frozen=True)

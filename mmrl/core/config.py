@@ -21,6 +21,7 @@ import yaml
 from mmrl.algos import (ADVANTAGE_ESTIMATORS, AGGREGATIONS, GAUSSIAN_KL_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES,
                         SHAPING_HOOKS)
 from mmrl.algos.config import AlgoConfig
+from mmrl.algos.offpolicy import OFFPOLICY_LEARNERS
 from mmrl.algos.variants import (LOSS_TERMS, PROMPT_SELECTORS, REHEARSAL_DIVERGENCES, ROLLOUT_STRATEGIES,
                                  TEMPERATURE_SCHEDULES, algo_needs, validate_extra)
 from mmrl.core.paths import recipes_dir
@@ -65,6 +66,11 @@ class RolloutConfig:
     keep_successes: float | None = None
     """Keep every training row whose verifiable score is at least this (pickled per step under the run's
     ``kept/``): the data of a later ``rft`` stage (RLoop's expert set of successful trajectories). None: off."""
+
+    log_episodes: bool = False
+    """Write every step's rollouts as episode files (``<run>/episodes/step_<n>.rank<r>.npz``, the format of
+    mmrl/algos/offpolicy/episodes.py): offline data for a later off-policy run (``algo.extra.wsrl.offline_files``).
+    Continuous-action embodied policies only."""
 
     @property
     def samples_per_group(self) -> int:
@@ -473,9 +479,14 @@ def validate(cfg: TrainConfig) -> TrainConfig:
                         f"trainer.micro_batch_size ({cfg.trainer.micro_batch_size}) must be a multiple of "
                         f"rollout.group_size ({cfg.rollout.group_size}), without rollout.reference_rows or a "
                         f"rollout strategy (they change group sizes)")
-    if a.policy_loss == "none" and not a.loss_terms:
+    if a.policy_loss == "none" and not a.loss_terms and a.offpolicy is None:
         problems.append("algo.policy_loss: none leaves no objective: name the objective in algo.loss_terms "
-                        "(e.g. [pacs] or [frpo])")
+                        "(e.g. [pacs] or [frpo]) or an off-policy learner in algo.offpolicy (e.g. wsrl)")
+    if a.offpolicy is not None:
+        _lookup(OFFPOLICY_LEARNERS, a.offpolicy)
+        if a.policy_loss != "none":
+            problems.append(f"algo.offpolicy: {a.offpolicy} trains the policy with its own actor loss: set "
+                            f"algo.policy_loss: none (got {a.policy_loss})")
     if not 0 <= cfg.rollout.reference_rows < cfg.rollout.group_size:
         problems.append(f"rollout.reference_rows must be in 0..group_size − 1 ({cfg.rollout.group_size - 1}), "
                         f"got {cfg.rollout.reference_rows}: at least one row per group is sampled")

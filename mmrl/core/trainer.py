@@ -279,7 +279,8 @@ class Trainer:
         state = {"step": self.step, "policy_version": self.policy.version,
                  "skipped_updates": self.guard.skipped_updates,
                  "data_rng": self.data_rng.bit_generator.state, "config_fingerprint": ckpt.config_fingerprint(self.cfg),
-                 "hooks": {name: hook.state_dict() for name, hook in self.rollout_hooks}}
+                 "hooks": {name: hook.state_dict() for name, hook in self.rollout_hooks},
+                 "loss_hooks": {name: hook.state_dict() for name, hook in self.loss_hooks}}
         ckpt.save(self.engine, self.policy, self.out, self.step, state, self.cfg.checkpoint.keep_last)
 
     def load_checkpoint(self) -> None:
@@ -289,6 +290,8 @@ class Trainer:
         self.data_rng.bit_generator.state = state["data_rng"]
         for name, hook in self.rollout_hooks:
             hook.load_state_dict(state["hooks"][name])
+        for name, hook in self.loss_hooks:  # checkpoints from before loss hooks kept state hold none
+            hook.load_state_dict(state.get("loss_hooks", {}).get(name, {}))
 
 
 def train(cfg: TrainConfig, out: str | Path, resume: bool = False, overwrite: bool = False) -> Path:

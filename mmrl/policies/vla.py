@@ -269,6 +269,33 @@ class VLAPolicy(Policy):
         noise = torch.randn(mean.shape, generator=generator).to(mean.device)
         return mean + temperature * self.log_std(h).float().exp() * noise
 
+    def rsample_actions(self, h: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        """Reparameterised decisions ã = μ(h) + σ(h)·ε, ε ~ N(0, I) from ``generator``, and log π(ã | h)
+        (τ = 1): [B, chunk·A] and [B], both differentiable in the policy's parameters (SAC's actor update,
+        Haarnoja et al. 2018, eq. 11). The Gaussian head only: token actions have no reparameterisation."""
+        if self.cfg.action_head != "gaussian":
+            raise ValueError(f"off-policy actor updates need policy.args.action_head: gaussian (got "
+                             f"{self.cfg.action_head!r}: discrete action tokens cannot be reparameterised)")
+        mean, log_std = self.action_mean(h).float(), self.log_std(h).float()
+        noise = torch.randn(mean.shape, generator=generator).to(mean.device)
+        actions = mean + log_std.exp() * noise
+        logp = (-0.5 * noise ** 2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+        return actions, logp
+
+    @property
+    def feature_size(self) -> int:
+        """Width of :meth:`features` (the trunk's ``hidden``)."""
+        return self.cfg.hidden
+
+    @property
+    def decision_size(self) -> int:
+        """Numbers in one decision: ``chunk`` · ``action_dims``."""
+        return self.cfg.chunk * self.cfg.action_dims
+
+    def encode_instructions(self, texts: Sequence[str]) -> Tensor:
+        """Hashed word ids [B, L] of instructions, as :meth:`features` reads them (0 = padding)."""
+        return instruction_ids(texts, self.cfg.vocab_buckets)[0]
+
     def env_actions(self, decision: Tensor) -> np.ndarray:
         """What the env executes [B, chunk, A] from decision samples [B, chunk·A]."""
         if self.cfg.action_head == "tokens":

@@ -12,7 +12,8 @@
 - ``reference_output(example)``: the scripted expert's demonstration of that episode (for BC),
   with DART-style noise injection (Laskey et al. 2017): the executed action is perturbed with
   ``demo_noise`` Gaussian noise, the recorded label is the clean expert action, so BC sees the
-  states its own errors lead to.
+  states its own errors lead to. The executed actions and the per-step rewards are recorded too, so
+  the same demonstrations are transitions for off-policy learners (``mmrl.algos.offpolicy``).
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ class Demonstration:
     instruction: str
     actions: np.ndarray  # [T, A] float32: the clean expert action at each visited state
     success: bool
+    executed_actions: np.ndarray  # [T, A] float32: the action actually executed (expert + DART noise, clipped)
+    rewards: np.ndarray  # [T] float32: the env reward of each step (off-policy learners' transitions)
 
 
 RETURN_RANGE = (-1.0, 2.0)
@@ -107,18 +110,21 @@ def demonstrate(env: gymnasium.Env, seed: int, noise: float) -> Demonstration:
     the executed action is the expert's plus ``noise``-std Gaussian noise, the recorded label the clean one."""
     rng = np.random.default_rng([seed, 7])
     obs, _ = env.reset(seed=seed)
-    images, proprio, actions = [], [], []
+    images, proprio, actions, executed_actions, rewards = [], [], [], [], []
     while True:
         expert = env.unwrapped.expert_action()
         images.append(obs["image"])
         proprio.append(obs["proprio"])
         actions.append(expert)
         executed = np.clip(expert + noise * rng.standard_normal(expert.shape), -1, 1)
-        obs, _, terminated, truncated, info = env.step(executed.astype(np.float32))
+        executed_actions.append(executed)
+        obs, reward, terminated, truncated, info = env.step(executed.astype(np.float32))
+        rewards.append(reward)
         if terminated or truncated:
             break
     return Demonstration(np.stack(images), np.stack(proprio).astype(np.float32), obs["instruction"],
-                         np.stack(actions).astype(np.float32), bool(info["success"]))
+                         np.stack(actions).astype(np.float32), bool(info["success"]),
+                         np.stack(executed_actions).astype(np.float32), np.asarray(rewards, dtype=np.float32))
 
 
 class RobotTask:

@@ -1,0 +1,46 @@
+"""Value-based, off-policy fine-tuning of embodied policies (issue 27), through the trainer's hooks.
+
+An off-policy learner is a registered :class:`~mmrl.algos.hooks.LossHook` factory in
+:data:`OFFPOLICY_LEARNERS`, chosen by ``algo.offpolicy`` (with ``algo.policy_loss: none``): its ``prepare``
+stores each step's episodes in a replay buffer, its ``update_term`` does critic updates from buffer
+samples and returns the actor loss, which the trainer backpropagates and steps. The trainer stays one
+loop: collect → store → sample → update.
+
+Pieces shared by the family:
+
+- :mod:`~mmrl.algos.offpolicy.episodes`: :class:`Episode` and the episode file format (offline data:
+  scripted-expert demonstrations, logged rollouts — the ``episode_log`` rollout hook, ``rollout.log_episodes``);
+- :mod:`~mmrl.algos.offpolicy.buffer`: :class:`TransitionBuffer` (seeded sampling, exact ``state_dict``);
+- :mod:`~mmrl.algos.offpolicy.formulas`: TD target, Cal-QL's conservative term, SAC actor / temperature
+  losses, Polyak averaging (pure functions);
+- :mod:`~mmrl.algos.offpolicy.critic` and :mod:`~mmrl.algos.offpolicy.learner`: the Q ensemble and
+  :class:`ActorCritic`, one update of critic, target, actor loss and α.
+
+Learners: ``wsrl`` (WSRL, seed #57: Cal-QL offline → warm-up rollouts → online SAC without offline data).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from mmrl.algos.hooks import LOSS_HOOKS, ROLLOUT_HOOKS, HookContext, HookSpec, LossHook
+from mmrl.algos.offpolicy.buffer import TransitionBuffer, Transitions, discounted_return_to_go
+from mmrl.algos.offpolicy.episodes import (Episode, episode_from_demonstration, episodes_from_rollout, read_episodes,
+                                           write_episodes)
+from mmrl.algos.offpolicy.formulas import actor_loss, calql_penalty, polyak_update, td_target, temperature_loss
+from mmrl.algos.offpolicy.learner import ActorCritic, ContinuousActor, CriticSettings
+from mmrl.algos.offpolicy.episode_log import EpisodeLog, read_logged_episodes
+from mmrl.algos.offpolicy.wsrl import WSRL, WSRLParams
+from mmrl.core.registry import Registry
+
+OFFPOLICY_LEARNERS: Registry[Callable[[HookContext], LossHook]] = Registry("off-policy learner")
+OFFPOLICY_LEARNERS.register("wsrl", WSRL)
+
+LOSS_HOOKS.register("offpolicy", HookSpec(lambda cfg: cfg.algo.offpolicy is not None,
+                                          lambda ctx: OFFPOLICY_LEARNERS.get(ctx.cfg.algo.offpolicy)(ctx)))
+ROLLOUT_HOOKS.register("episode_log", HookSpec(lambda cfg: cfg.rollout.log_episodes, EpisodeLog))
+
+__all__ = ["OFFPOLICY_LEARNERS", "WSRL", "ActorCritic", "ContinuousActor", "CriticSettings", "Episode", "EpisodeLog",
+           "TransitionBuffer", "Transitions", "WSRLParams", "actor_loss", "calql_penalty", "discounted_return_to_go",
+           "episode_from_demonstration", "episodes_from_rollout", "polyak_update", "read_episodes",
+           "read_logged_episodes", "td_target", "temperature_loss", "write_episodes"]

@@ -1,0 +1,252 @@
+"""WSRL — Warm-start RL (Zhou et al. 2025, "Efficient Online Reinforcement Learning Fine-Tuning Need Not
+Retain Offline Data", ICLR 2025; seed paper #57), as a loss hook of the one trainer loop.
+
+Three phases:
+
+1. **Offline pre-training** (when the hook is built, before the first rollout): Cal-QL (Nakamoto et al.
+   2023) on offline episodes — ``offline_demos`` scripted-expert demonstrations of the task's train split
+   (``task.reference_output``, which must record executed actions and rewards) and any ``offline_files``
+   (:mod:`mmrl.algos.offpolicy.episodes`): ``offline_steps`` updates of critic + actor
+   (:meth:`ActorCritic.update` with the calibrated conservative term), the actor with an optimizer of this
+   phase (Adam, ``trainer.lr``, ``trainer.grad_clip``) from ``offline_actor_start`` on. The result
+   (critic, target, α, policy weights) is written to ``<run>/offpolicy/offline.pt``; a resumed run reads it
+   instead of training again.
+2. **Warm-up**: the first ``warmup_steps`` trainer steps only collect: the pre-trained policy's rollouts
+   seed a *fresh* online buffer (the offline data is dropped). WSRL's point: these few rollouts
+   re-calibrate the offline Q-function to the online distribution, so the offline data need not be kept.
+3. **Online** Q-learning on the online buffer only, without the conservative term (SAC with the pre-trained
+   critic and policy): every trainer optimizer step, ``critic_updates`` critic updates on batches of the
+   online buffer, then the actor loss of the last one is returned to the trainer, which backpropagates it
+   and steps the policy with its own optimizer.
+
+How it fits the loop (``trainer.update``): ``prepare(batch)`` stores the step's episodes; ``update_term``
+is called once per (epoch, minibatch) optimizer step; run it with ``algo.policy_loss: none`` so the
+policy-gradient term is zero (the advantage estimator's output is unused). Updates per step =
+``trainer.ppo_epochs`` × ``trainer.minibatches``. Single process only (each process would learn its own
+critic from its own rows).
+
+State (exact resume): the online buffer, critic, target, optimizers, α and counters are saved with each
+checkpoint to ``<run>/offpolicy/state_step_<n>.pt`` (the trainer state names the file; the last
+``checkpoint.keep_last`` are kept).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from mmrl.algos.hooks import HookContext, LossHook, UpdateIndex
+from mmrl.algos.offpolicy.buffer import TransitionBuffer
+from mmrl.algos.offpolicy.episodes import (Episode, RecordedDemonstration, episode_from_demonstration,
+                                           episodes_from_rollout, read_episodes)
+from mmrl.algos.offpolicy.learner import ActorCritic, CriticSettings
+from mmrl.algos.variants.params import declare_variant, variant_params
+from mmrl.core.rollout import derive_seed
+from mmrl.core.scored import Scored
+
+STATE_DIR = "offpolicy"
+OFFLINE_FILE = "offline.pt"
+
+
+@dataclass(frozen=True)
+class WSRLParams:
+    """``algo.extra.wsrl``. Defaults: the papers' where they carry over to the tiny VLA, else INFERRED."""
+
+    # -- critic (Cal-QL / SAC; REDQ's subset min) ------------------------------------------------
+    ensemble_size: int = 2
+    """Q heads E (SAC / Cal-QL: 2; WSRL uses a 10-member ensemble online, REDQ-style)."""
+    target_subset: int = 2
+    """Target members M of the min in the TD target (clipped double Q: M = E = 2; REDQ: M = 2 of E = 10)."""
+    critic_width: int = 256
+    """Hidden width of each Q head (Cal-QL: 256)."""
+    critic_lr: float = 3e-4
+    """Adam lr of the critic (Cal-QL / SAC: 3e-4)."""
+    tau: float = 0.005
+    """Polyak rate of the target critic (SAC: 0.005)."""
+    batch_size: int = 128
+    """Transitions per update (Cal-QL: 256; INFERRED 128 for CPU)."""
+    buffer_capacity: int = 50_000
+    """Decisions the online buffer holds (the offline buffer holds exactly its data)."""
+    init_alpha: float = 0.01
+    """Initial entropy temperature α (INFERRED for rewards of the potential's scale, returns ≤ 2)."""
+    auto_alpha: bool = True
+    """Tune α toward ``target_entropy`` (SAC v2)."""
+    alpha_lr: float = 3e-4
+    target_entropy: float | None = None
+    """H̄; None: −(decision size) (SAC's −dim A)."""
+    backup_entropy: bool = False
+    """Subtract α log π(a'|s') in the TD target (SAC: true; Cal-QL / CQL code: false)."""
+    actor_reduce: Literal["min", "mean"] = "min"
+    """Ensemble reduction in the actor loss (SAC: min; REDQ: mean)."""
+    critic_updates: int = 1
+    """Critic updates per trainer optimizer step (the update-to-data knob; the actor is updated once)."""
+    # -- offline phase (Cal-QL) --------------------------------------------------------------------
+    offline_demos: int = 64
+    """Scripted-expert episodes of the task's train split in the offline data (``task.reference_output``)."""
+    offline_files: tuple[str, ...] = ()
+    """Episode files (:mod:`mmrl.algos.offpolicy.episodes`, e.g. logged rollouts of earlier runs) added to it."""
+    offline_steps: int = 300
+    """Cal-QL updates before the first rollout (Cal-QL: 1 M; INFERRED for the tiny budget)."""
+    offline_actor_start: int = 0
+    """Offline updates before the actor starts moving (the critic first learns the BC policy's values)."""
+    cql_alpha: float = 1.0
+    """Weight of the conservative term offline (Cal-QL: 5 on AntMaze, 1 on Adroit / kitchen)."""
+    cql_samples: int = 4
+    """Actions per state of each kind (uniform, π(s), π(s')) in the log-sum-exp (CQL: 10)."""
+    cql_temperature: float = 1.0
+    """τ of the log-sum-exp (CQL: 1)."""
+    calibrated: bool = True
+    """Cal-QL's lower bound by the data's Monte-Carlo return; false gives plain CQL(H)."""
+    # -- warm-up ------------------------------------------------------------------------------------
+    warmup_steps: int = 1
+    """Trainer steps whose rollouts only seed the online buffer (WSRL: 5,000 env steps; INFERRED one step)."""
+
+
+declare_variant("wsrl", WSRLParams)
+
+
+def critic_settings(p: WSRLParams, gamma: float) -> CriticSettings:
+    return CriticSettings(p.ensemble_size, p.target_subset, p.critic_width, p.critic_lr, p.tau, gamma,
+                          p.init_alpha, p.auto_alpha, p.alpha_lr, p.target_entropy, p.backup_entropy, p.actor_reduce,
+                          p.cql_samples, p.cql_temperature)
+
+
+class WSRL(LossHook):
+    def __init__(self, ctx: HookContext):
+        if ctx.engine.world_size != 1:
+            raise ValueError(f"algo.offpolicy: wsrl runs in one process (got {ctx.engine.world_size}): each process "
+                             f"would learn its own critic from its own rows")
+        if ctx.out is None:
+            raise ValueError("algo.offpolicy: wsrl keeps its offline result and state in the run folder: give one")
+        self.ctx, cfg = ctx, ctx.cfg
+        self.p: WSRLParams = variant_params(cfg.algo, "wsrl")
+        self.folder = Path(ctx.out) / STATE_DIR
+        self.learner = ActorCritic(ctx.policy, critic_settings(self.p, cfg.algo.gamma), derive_seed(cfg.trainer.seed, 40))
+        self.buffer = TransitionBuffer(self.p.buffer_capacity, cfg.algo.gamma)
+        self.steps, self.env_steps, self.saved = 0, 0, []
+        self.sums: dict[str, float] = {}
+        self.count = 0
+        self.offline_metrics = self.offline_phase()
+
+    # -- phase 1 --------------------------------------------------------------------------------
+    def offline_episodes(self) -> list[Episode]:
+        p, policy, task = self.p, self.ctx.policy, self.ctx.task
+        episodes: list[Episode] = []
+        if p.offline_demos:
+            rng = np.random.default_rng(derive_seed(self.ctx.cfg.trainer.seed, 43))
+            for example in task.sample_batch("train", p.offline_demos, rng):
+                demo = task.reference_output(example)
+                if not isinstance(demo, RecordedDemonstration):
+                    raise ValueError(f"algo.extra.wsrl.offline_demos: {self.ctx.cfg.task.name}'s reference_output "
+                                     f"({type(demo).__name__}) records no executed actions / rewards; set it to 0 "
+                                     f"and give offline_files")
+                action_dims = demo.executed_actions.shape[1]
+                ids = policy.encode_instructions([demo.instruction])[0].numpy()
+                episodes.append(episode_from_demonstration(demo, ids, policy.decision_size // action_dims))
+        for path in p.offline_files:
+            episodes += read_episodes(path)
+        for episode in episodes:
+            if episode.actions.shape[1] != policy.decision_size:
+                raise ValueError(f"algo.extra.wsrl: an offline episode has decisions of {episode.actions.shape[1]} "
+                                 f"numbers, the policy's are {policy.decision_size} (chunk · action dims)")
+        return episodes
+
+    def offline_phase(self) -> dict[str, float]:
+        """Cal-QL pre-training of critic and policy, or its saved result (see the module docstring)."""
+        p, cfg, policy, path = self.p, self.ctx.cfg, self.ctx.policy, self.folder / OFFLINE_FILE
+        if path.is_file():
+            saved = torch.load(path, weights_only=True)
+            self.learner.load_state_dict(saved["learner"])
+            policy.load_state_dict(saved["policy"])
+            return {k: float(v) for k, v in saved["metrics"].items()}
+        if p.offline_steps == 0:
+            return {}
+        episodes = self.offline_episodes()
+        if not episodes:
+            raise ValueError("algo.extra.wsrl.offline_steps > 0 needs offline data: offline_demos or offline_files")
+        data = TransitionBuffer(sum(e.length for e in episodes) + 1, cfg.algo.gamma)
+        for episode in episodes:
+            data.add(episode)
+        optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.trainer.lr)
+        sums: dict[str, float] = {}
+        for k in range(p.offline_steps):
+            generator = torch.Generator().manual_seed(derive_seed(cfg.trainer.seed, 41, k))
+            loss, metrics = self.learner.update(data.sample(p.batch_size, generator), generator, p.cql_alpha,
+                                                p.calibrated)
+            if k >= p.offline_actor_start:
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.trainer.grad_clip)
+                optimizer.step()
+            if k >= p.offline_steps - min(50, p.offline_steps):  # the metrics of the last 50 updates
+                for key, value in metrics.items():
+                    sums[key] = sums.get(key, 0.0) + value / min(50, p.offline_steps)
+        policy.zero_grad(set_to_none=True)
+        result = {f"offline/{key.split('/', 1)[1]}": value for key, value in sums.items()}
+        result |= {"offline/transitions": float(len(data)), "offline/episodes": float(len(episodes))}
+        self.folder.mkdir(parents=True, exist_ok=True)
+        save_atomic({"learner": self.learner.state_dict(), "policy": policy.state_dict(),
+                     "metrics": {k: torch.tensor(v) for k, v in result.items()}}, path)
+        return result
+
+    # -- phases 2 and 3 -------------------------------------------------------------------------
+    def prepare(self, batch: Scored) -> None:
+        """Store the step's episodes in the online buffer."""
+        self.steps += 1
+        for episode in episodes_from_rollout(batch.rollout):
+            self.buffer.add(episode)
+        self.env_steps += sum(int(o.length) for o in batch.rollout.outputs)
+        self.sums, self.count = {}, 0
+
+    def update_term(self, index: UpdateIndex) -> tuple[torch.Tensor, dict[str, float]] | None:
+        if self.steps <= self.p.warmup_steps:
+            return None
+        for k in range(self.p.critic_updates):
+            seed = derive_seed(self.ctx.cfg.trainer.seed, index.step, index.epoch, index.minibatch, k, 42)
+            generator = torch.Generator().manual_seed(seed)
+            loss, metrics = self.learner.update(self.buffer.sample(self.p.batch_size, generator), generator, 0.0, False)
+            for key, value in metrics.items():
+                self.sums[key] = self.sums.get(key, 0.0) + value
+            self.count += 1
+        return loss, {"loss/actor": metrics["loss/actor"], "loss/critic_td": metrics["loss/critic_td"]}
+
+    def metrics(self) -> dict[str, float]:
+        out = {key: value / self.count for key, value in self.sums.items() if not key.startswith("loss/")}
+        out |= {"offpolicy/buffer_transitions": float(len(self.buffer)), "offpolicy/env_steps": float(self.env_steps),
+                "offpolicy/online": float(self.steps > self.p.warmup_steps)}
+        if self.steps == 1:
+            out |= self.offline_metrics
+        return out
+
+    # -- exact resume ---------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        name = f"state_step_{self.steps}.pt"
+        save_atomic({"learner": self.learner.state_dict(), "buffer": self.buffer.state_dict(),
+                     "counters": torch.tensor([self.steps, self.env_steps])}, self.folder / name)
+        self.saved = [n for n in self.saved if n != name] + [name]
+        keep = self.ctx.cfg.checkpoint.keep_last
+        while keep > 0 and len(self.saved) > keep:
+            (self.folder / self.saved.pop(0)).unlink(missing_ok=True)
+        return {"file": name, "saved": list(self.saved)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "file" not in state:
+            raise ValueError("the checkpoint holds no state of algo.offpolicy: wsrl (written by another recipe?)")
+        saved = torch.load(self.folder / state["file"], weights_only=True)
+        self.learner.load_state_dict(saved["learner"])
+        self.buffer.load_state_dict(saved["buffer"])
+        self.steps, self.env_steps = (int(x) for x in saved["counters"])
+        self.saved = list(state["saved"])
+
+
+def save_atomic(obj: Any, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
