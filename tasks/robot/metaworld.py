@@ -19,17 +19,13 @@ from ``metaworld``; its first demonstration or rollout does.
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-import gymnasium
 import numpy as np
 
-from mmrl.core.contracts import RewardResult
 from mmrl.envs.metaworld import metaworld_env_id, valid_task
-from mmrl.tasks.robot.tabletop import (RETURN_RANGE, TEST_SEED_OFFSET, Demonstration, EpisodeExample, demonstrate,
-                                       episode_metrics, episode_reward)
+from mmrl.tasks.robot.tabletop import TEST_SEED_OFFSET, EpisodeExample, EpisodeTask
 
 
 @dataclass(frozen=True)
@@ -46,15 +42,15 @@ class MetaWorldTaskConfig:
     """Demonstrations kept in memory (by env id and seed)."""
 
 
-class MetaWorldTask:
-    reward_range = RETURN_RANGE
-
+class MetaWorldTask(EpisodeTask):
     def __init__(self, task_id: str, split_env_ids: dict[str, str], cfg: MetaWorldTaskConfig):
         if not 1 <= cfg.train_seeds <= TEST_SEED_OFFSET:
             raise ValueError(f"train_seeds must be in 1..{TEST_SEED_OFFSET}, got {cfg.train_seeds}")
-        self.id, self.split_env_ids, self.cfg = task_id, dict(split_env_ids), cfg
-        self._demos: OrderedDict[tuple[str, int], Demonstration] = OrderedDict()
-        self._env: dict[str, gymnasium.Env] = {}
+        super().__init__(cfg)
+        self.id, self.split_env_ids = task_id, dict(split_env_ids)
+
+    def env_kwargs(self) -> dict[str, Any]:
+        return {"image_size": self.cfg.image_size, "camera": self.cfg.camera}
 
     def sample_batch(self, split: str, n: int, rng: np.random.Generator) -> list[EpisodeExample]:
         if split not in self.split_env_ids:
@@ -64,24 +60,6 @@ class MetaWorldTask:
         else:
             seeds = rng.integers(TEST_SEED_OFFSET, 2 * TEST_SEED_OFFSET, size=n)
         return [EpisodeExample(self.split_env_ids[split], int(s)) for s in seeds]
-
-    def reward(self, example: EpisodeExample, output: object) -> RewardResult:
-        return episode_reward(example, output)
-
-    def metrics(self, examples: Sequence[EpisodeExample], outputs: Sequence[object],
-                results: Sequence[RewardResult]) -> dict[str, float]:
-        return episode_metrics(outputs, results)
-
-    def reference_output(self, example: EpisodeExample) -> Demonstration:
-        key = (example.env_id, example.seed)
-        if key not in self._demos:
-            if example.env_id not in self._env:
-                self._env[example.env_id] = gymnasium.make(example.env_id, image_size=self.cfg.image_size,
-                                                           camera=self.cfg.camera, disable_env_checker=True)
-            self._demos[key] = demonstrate(self._env[example.env_id], example.seed, self.cfg.demo_noise)
-            if len(self._demos) > self.cfg.demo_cache:
-                self._demos.popitem(last=False)
-        return self._demos[key]
 
 
 def split_env_ids(task_or_suite: str) -> dict[str, str]:

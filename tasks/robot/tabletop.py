@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Any
 from dataclasses import dataclass
 
 import gymnasium
@@ -127,21 +128,21 @@ def demonstrate(env: gymnasium.Env, seed: int, noise: float) -> Demonstration:
                          np.stack(executed_actions).astype(np.float32), np.asarray(rewards, dtype=np.float32))
 
 
-class RobotTask:
+class EpisodeTask:
+    """What the simulator tasks share: the output is an episode, its return Φ(s_T) − Φ(s_0) the reward;
+    reference outputs are scripted-expert demonstrations (DART noise), cached by (env id, seed). A subclass
+    draws its examples (``sample_batch``) and may add env arguments (``env_kwargs``)."""
+
     reward_range = RETURN_RANGE
 
-    def __init__(self, task: str, cfg: RobotTaskConfig):
-        self.task, self.cfg = task, cfg
-        self.id = f"robot/{task}-v0"
+    def __init__(self, cfg: Any):
+        self.cfg = cfg
         self._demos: OrderedDict[tuple[str, int], Demonstration] = OrderedDict()
         self._env: dict[str, gymnasium.Env] = {}
 
-    def sample_batch(self, split: str, n: int, rng: np.random.Generator) -> list[EpisodeExample]:
-        if split not in SPLITS:
-            raise ValueError(f"unknown split {split!r}; {self.id} has {', '.join(SPLITS)}")
-        low = 0 if split == "train" else TEST_SEED_OFFSET
-        seeds = rng.integers(low, low + TEST_SEED_OFFSET, size=n)
-        return [EpisodeExample(env_id(self.task, SPLITS[split]), int(s)) for s in seeds]
+    def env_kwargs(self) -> dict[str, Any]:
+        """Arguments of ``gymnasium.make`` for the demonstration envs."""
+        return {"image_size": self.cfg.image_size}
 
     def reward(self, example: EpisodeExample, output: object) -> RewardResult:
         return episode_reward(example, output)
@@ -161,9 +162,21 @@ class RobotTask:
     def demonstrate(self, example: EpisodeExample) -> Demonstration:
         """Run the scripted expert (with noise injection) for one episode; record obs and labels."""
         if example.env_id not in self._env:
-            self._env[example.env_id] = gymnasium.make(example.env_id, image_size=self.cfg.image_size,
-                                                       disable_env_checker=True)
+            self._env[example.env_id] = gymnasium.make(example.env_id, **self.env_kwargs(), disable_env_checker=True)
         return demonstrate(self._env[example.env_id], example.seed, self.cfg.demo_noise)
+
+
+class RobotTask(EpisodeTask):
+    def __init__(self, task: str, cfg: RobotTaskConfig):
+        super().__init__(cfg)
+        self.task, self.id = task, f"robot/{task}-v0"
+
+    def sample_batch(self, split: str, n: int, rng: np.random.Generator) -> list[EpisodeExample]:
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}; {self.id} has {', '.join(SPLITS)}")
+        low = 0 if split == "train" else TEST_SEED_OFFSET
+        seeds = rng.integers(low, low + TEST_SEED_OFFSET, size=n)
+        return [EpisodeExample(env_id(self.task, SPLITS[split]), int(s)) for s in seeds]
 
 
 def make_task_factory(task: str):
