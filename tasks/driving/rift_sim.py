@@ -29,7 +29,7 @@ from mmrl.envs.driving.maps import LANE_WIDTH
 from mmrl.envs.driving.env import RouteSet, traffic_step
 from mmrl.envs.driving.world import (CAR_LENGTH, CAR_WIDTH, SIM_DT, Agent, Scenario, _leader_gaps, frenet_path,
                                      make_scenario)
-from mmrl.tasks.driving import realism
+from mmrl.tasks.driving.realism import kinematics as realism_kinematics
 from mmrl.tasks.driving.realism import wasserstein_1d  # noqa: F401  (re-exported for the closed-loop metrics)
 
 HORIZON_STEPS = 40  # 4 s at SIM_DT = 0.1 s (RIFT: 40 frames)
@@ -422,4 +422,4 @@ def rule_based_episode(state: TrafficState, n_steps: int = EPISODE_STEPS) -> Epi
 
 def kinematics(cbv: np.ndarray, dt: float = SIM_DT) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Speed [S+1], longitudinal acceleration [S] and jerk [S−1] of poses [S+1, 4] at the world's step."""
-    return realism.kinematics(cbv, dt)
+    return realism_kinematics(cbv, dt)
