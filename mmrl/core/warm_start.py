@@ -31,8 +31,22 @@ from mmrl.core.registry import make_policy, make_task
 KEY_FIELDS_WHEN_ON = {"vision_steps": ("vision_steps", "vision_lr"), "init_from": ("init_from",)}
 
 
-# Policy arguments added after caches existed: left out of the key while at their defaults.
+# Component arguments added after caches existed: left out of the key while at their defaults.
 POLICY_ARGS_ADDED_LATER = ("video",)
+TASK_ARGS_ADDED_LATER = {"driving/rift-v0": ("reward", "rlftsim")}
+
+
+def _without_later_defaults(component: Any, names: tuple[str, ...]) -> dict:
+    """``to_dict(component)`` without the ``names`` of its args that are at their dataclass defaults."""
+    data = to_dict(component)
+    if dataclasses.is_dataclass(component.args):
+        fields = {f.name: f for f in dataclasses.fields(component.args)}
+        for name in names:
+            f = fields.get(name)
+            if f is not None and getattr(component.args, name) == (
+                    f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default):
+                del data["args"][name]
+    return data
 
 
 def warm_start_key(cfg: TrainConfig) -> str:
@@ -41,15 +55,9 @@ def warm_start_key(cfg: TrainConfig) -> str:
         if not ws[switch]:
             for name in names:
                 del ws[name]
-    policy = to_dict(cfg.policy)
-    if dataclasses.is_dataclass(cfg.policy.args):
-        defaults = {f.name: f for f in dataclasses.fields(cfg.policy.args)}
-        for name in POLICY_ARGS_ADDED_LATER:
-            f = defaults.get(name)
-            if f is not None and getattr(cfg.policy.args, name) == (
-                    f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default):
-                del policy["args"][name]
-    return json.dumps({"task": to_dict(cfg.task), "policy": policy, "warm_start": ws}, sort_keys=True)
+    task = _without_later_defaults(cfg.task, TASK_ARGS_ADDED_LATER.get(cfg.task.name, ()))
+    policy = _without_later_defaults(cfg.policy, POLICY_ARGS_ADDED_LATER)
+    return json.dumps({"task": task, "policy": policy, "warm_start": ws}, sort_keys=True)
 
 
 def warm_start_path(cfg: TrainConfig) -> Path:

@@ -19,7 +19,13 @@ first collision). A group is the G candidates of one state (``policy.args.group:
   index out of range, or a trajectory (world points [40, 2]) with NaN/inf, of the wrong shape or more
   than 200 m away, scores the floor −250 with the reason in ``info`` (never better than a candidate);
   nothing is simulated then.
-- ``metrics``: open-loop (one 4-s decision) ``collision_rate``, ``offroad_rate``, ``progress_mean``.
+- ``reward: rlftsim`` (task arg): RLFTSim's realism reward instead (:func:`mmrl.tasks.driving.realism.rlftsim_reward`,
+  INFERRED): the chosen 4-s trajectory against the log (the rule-based driver's own 4 s from the same state):
+  a likelihood-like kinematic match (speed, acceleration, jerk W1), no collision / off-road, and reaching the
+  log's end point; score in [0, 1], unusable outputs score 0 with the reason.
+- ``metrics``: open-loop (one 4-s decision) ``collision_rate``, ``offroad_rate``, ``progress_mean``, and the
+  realism of the chosen trajectories against the logs (``realism_w1_speed`` / ``_accel`` / ``_jerk``, pooled and
+  ``_per_agent``; :func:`mmrl.tasks.driving.realism.realism_metrics`), whatever the reward.
   Closed-loop episode metrics (8 s, replanning every 1 s) are :func:`closed_loop_metrics`.
 - ``reference_output``: the candidate closest to the rule-based driver's own 4 s (imitation target).
 """
@@ -29,16 +35,20 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
 from mmrl.core.contracts import RewardResult
-from mmrl.envs.driving.world import SPLITS
+from mmrl.envs.driving.world import SIM_DT, SPLITS
+from mmrl.tasks.driving.realism import KINEMATIC_FEATURES, RlftsimWeights, realism_metrics, rlftsim_reward
 from mmrl.tasks.driving.rift_sim import (GAMMA, HORIZON_STEPS, REWARD_TERMS, CandidateReturns, Episode,
                                          TrafficState, candidate_lattice, candidate_returns, closed_loop_episode,
-                                         features, kinematics, make_state, poses_from_xy, rule_based_choice,
-                                         rule_based_episode, wasserstein_1d)
+                                         features, make_state, poses_from_xy, rule_based_episode, simulate)
+
+TRAFFIC_REWARDS = ("rift", "rlftsim")
+"""The rewards of ``driving/rift-v0`` (task arg ``reward``): RIFT's dense return, RLFTSim's realism reward."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +64,15 @@ class RiftConfig:
     state (off-log coverage, see ``rift_sim.make_state``); 0 gives rule-based states only."""
     explore_lateral: bool = True
     """Exploration also picks candidates of the other reference lines (lane shifts), not only speeds."""
+    reward: Literal["rift", "rlftsim"] = "rift"
+    """``rift``: RIFT's discounted dense return (Chen et al. 2025); ``rlftsim``: RLFTSim's realism reward against
+    the rule-based log (Ahmadi et al. 2026, INFERRED; :func:`mmrl.tasks.driving.realism.rlftsim_reward`)."""
+    rlftsim: RlftsimWeights = field(default_factory=RlftsimWeights)
+    """Weights and scales of the ``rlftsim`` reward (unused by ``rift``)."""
+
+    def __post_init__(self) -> None:
+        if self.reward not in TRAFFIC_REWARDS:
+            raise ValueError(f"driving/rift-v0: unknown reward {self.reward!r}; choose one of {', '.join(TRAFFIC_REWARDS)}")
 
 
 @dataclass(frozen=True, eq=False)
@@ -89,16 +108,24 @@ def _floor(reason: str) -> RewardResult:
     return RewardResult(RETURN_FLOOR, {k: 0.0 for k in (*REWARD_TERMS, "collision", "offroad", "progress")}, reason)
 
 
+RLFTSIM_COMPONENTS = ("w1_speed", "w1_accel", "w1_jerk", "fidelity", "goal", "goal_dist")
+
+
+def _rlftsim_zero(reason: str) -> RewardResult:
+    return RewardResult(0.0, {k: 0.0 for k in (*RLFTSIM_COMPONENTS, "collision", "offroad", "progress")}, reason)
+
+
 class RiftTask:
     id = "driving/rift-v0"
-    reward_range = (RETURN_FLOOR, float(math.ceil(RETURN_MAX)))
 
     def __init__(self, cfg: RiftConfig):
         if cfg.train_pool < 1:
             raise ValueError(f"train_pool must be >= 1, got {cfg.train_pool}")
         self.cfg = cfg
+        self.reward_range = (RETURN_FLOOR, float(math.ceil(RETURN_MAX))) if cfg.reward == "rift" else (0.0, 1.0)
         self._examples: OrderedDict[tuple[str, int], RiftExample] = OrderedDict()
         self._returns: OrderedDict[tuple[str, int], CandidateReturns] = OrderedDict()
+        self._logs: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()
         self._reference: dict[tuple[str, int], int] = {}
 
     def _remember(self, table: OrderedDict, key, value):
@@ -128,40 +155,75 @@ class RiftTask:
             self._remember(self._returns, key, candidate_returns(example.state, example.candidates))
         return self._returns[key]
 
-    def reward(self, example: RiftExample, output: object) -> RewardResult:
+    def log(self, example: RiftExample) -> np.ndarray:
+        """The logged behaviour of the state's CBV: the rule-based driver's own 4 s (everyone rule-based,
+        reacting to each other), poses [41, 4]; simulated once per state."""
+        key = (example.split, example.seed)
+        if key not in self._logs:
+            everyone = [example.state.cbv, *example.state.others]
+            self._remember(self._logs, key, simulate(everyone, HORIZON_STEPS)[0, :, 0])
+        return self._logs[key]
+
+    def trajectory(self, example: RiftExample, output: object) -> tuple[np.ndarray | None, str]:
+        """The CBV poses [41, 4] an output stands for (a candidate index, or world points [40, 2]), or None
+        and the reason it is unusable."""
         if isinstance(output, (int, np.integer)) and not isinstance(output, (bool, np.bool_)):
             if not 0 <= output < len(example.candidates):
                 shown = output if abs(output) < 10 ** 18 else "beyond ±1e18"  # str() refuses > 4300 digits
-                return _floor(f"candidate {shown} out of range [0, {len(example.candidates)})")
-            r, i = self.returns(example), int(output)
-        elif isinstance(output, np.ndarray):
+                return None, f"candidate {shown} out of range [0, {len(example.candidates)})"
+            return example.candidates[int(output)], ""
+        if isinstance(output, np.ndarray):
             if output.shape != (HORIZON_STEPS, 2):
-                return _floor(f"trajectory must be world points of shape ({HORIZON_STEPS}, 2), got {output.shape}")
+                return None, f"trajectory must be world points of shape ({HORIZON_STEPS}, 2), got {output.shape}"
             if not (np.issubdtype(output.dtype, np.floating) or np.issubdtype(output.dtype, np.integer)):
-                return _floor(f"trajectory must hold real numbers, got dtype {output.dtype}")
+                return None, f"trajectory must hold real numbers, got dtype {output.dtype}"
             if not np.isfinite(output).all():
-                return _floor("trajectory contains NaN or inf")
+                return None, "trajectory contains NaN or inf"
             if np.abs(output - example.state.cbv_pose[:2]).max() > 200.0:
-                return _floor("trajectory point more than 200 m from the vehicle")
-            r, i = candidate_returns(example.state, poses_from_xy(example.state.cbv_pose, output)[None]), 0
-        else:
-            return _floor(f"not a candidate index or a trajectory: {type(output).__name__}")
-        components = {k: float(v[i]) for k, v in r.terms.items()}
-        components |= {"collision": float(r.collision[i]), "offroad": float(r.offroad[i]),
-                       "progress": float(r.progress[i])}
+                return None, "trajectory point more than 200 m from the vehicle"
+            return poses_from_xy(example.state.cbv_pose, output), ""
+        return None, f"not a candidate index or a trajectory: {type(output).__name__}"
+
+    def outcome(self, example: RiftExample, output: object, poses: np.ndarray) -> tuple[CandidateReturns, int]:
+        """The simulated outcome of ``poses`` (``output``'s trajectory) and its row: cached for candidates."""
+        if isinstance(output, np.ndarray):
+            return candidate_returns(example.state, poses[None]), 0
+        return self.returns(example), int(output)
+
+    def reward(self, example: RiftExample, output: object) -> RewardResult:
+        poses, reason = self.trajectory(example, output)
+        if poses is None:
+            return _floor(reason) if self.cfg.reward == "rift" else _rlftsim_zero(reason)
+        r, i = self.outcome(example, output, poses)
+        outcomes = {"collision": float(r.collision[i]), "offroad": float(r.offroad[i]),
+                    "progress": float(r.progress[i])}
         info = "collision" if r.collision[i] else "off-road" if r.offroad[i] else ""
+        if self.cfg.reward == "rlftsim":
+            score, parts = rlftsim_reward(poses, self.log(example), bool(r.collision[i]), bool(r.offroad[i]), SIM_DT,
+                                          self.cfg.rlftsim)
+            return RewardResult(score, parts | outcomes, info)
+        components = {k: float(v[i]) for k, v in r.terms.items()} | outcomes
         return RewardResult(float(np.clip(r.total[i], *self.reward_range)), components, info)
 
     def metrics(self, examples: Sequence[RiftExample], outputs: Sequence[object],
                 results: Sequence[RewardResult]) -> dict[str, float]:
-        return {"collision_rate": float(np.mean([r.components["collision"] for r in results])),
-                "offroad_rate": float(np.mean([r.components["offroad"] for r in results])),
-                "progress_mean": float(np.mean([r.components["progress"] for r in results]))}
+        out = {"collision_rate": float(np.mean([r.components["collision"] for r in results])),
+               "offroad_rate": float(np.mean([r.components["offroad"] for r in results])),
+               "progress_mean": float(np.mean([r.components["progress"] for r in results]))}
+        rows = [(self.trajectory(e, o)[0], e, r) for e, o, r in zip(examples, outputs, results)]
+        usable = [(poses, e, r) for poses, e, r in rows if poses is not None]
+        if usable:  # realism of the usable outputs only (an unusable one has no trajectory)
+            out |= realism_metrics([p for p, _, _ in usable], [self.log(e) for _, e, _ in usable],
+                                   [r.components["collision"] > 0 for _, _, r in usable],
+                                   [r.components["offroad"] > 0 for _, _, r in usable], SIM_DT)
+        return out
 
     def reference_output(self, example: RiftExample) -> int:
+        """The candidate closest (mean displacement over the horizon) to the log: the imitation target."""
         key = (example.split, example.seed)
         if key not in self._reference:
-            self._reference[key] = rule_based_choice(example.state, example.candidates)
+            ade = np.linalg.norm(example.candidates[:, :, :2] - self.log(example)[None, :, :2], axis=-1).mean(1)
+            self._reference[key] = int(ade.argmin())
         return self._reference[key]
 
 
@@ -174,8 +236,9 @@ def closed_loop_metrics(choose: Callable[[np.ndarray, np.ndarray], int], split: 
     states of ``seeds`` in ``split``, against the rule-based log from the same states.
 
     Returns ``collision_rate``, ``offroad_rate``, ``progress_mean`` (m), ``goal_rate`` (≥ 45 m along the
-    route without a collision), realism proxies ``w1_speed`` / ``w1_accel`` / ``w1_jerk`` (Wasserstein-1
-    between the pooled per-step distributions of the policy's and the log's CBV), and the log's own
+    route without a collision), realism ``w1_speed`` / ``w1_accel`` / ``w1_jerk`` (Wasserstein-1 between the
+    pooled per-step distributions of the policy's and the log's CBV) and their ``_per_agent`` means
+    (:func:`mmrl.tasks.driving.realism.realism_metrics`), and the log's own
     ``log_collision_rate`` / ``log_offroad_rate`` / ``log_progress_mean``. ``episodes_out`` collects
     (state, policy episode, log episode) when given.
     """
@@ -192,9 +255,9 @@ def closed_loop_metrics(choose: Callable[[np.ndarray, np.ndarray], int], split: 
         out[f"{prefix}offroad_rate"] = float(np.mean([e.offroad for e in eps]))
         out[f"{prefix}progress_mean"] = float(np.mean([e.progress for e in eps]))
         out[f"{prefix}goal_rate"] = float(np.mean([e.goal_reached for e in eps]))
-    for j, name in enumerate(("speed", "accel", "jerk")):
-        policy = np.concatenate([kinematics(r[1].cbv)[j] for r in runs])
-        log = np.concatenate([kinematics(r[2].cbv)[j] for r in runs])
-        out[f"w1_{name}"] = wasserstein_1d(policy, log)
+    realism = realism_metrics([r[1].cbv for r in runs], [r[2].cbv for r in runs], [r[1].collision for r in runs],
+                              [r[1].offroad for r in runs], SIM_DT)
+    for name in KINEMATIC_FEATURES:
+        out[f"w1_{name}"] = realism[f"realism_w1_{name}"]
+        out[f"w1_{name}_per_agent"] = realism[f"realism_w1_{name}_per_agent"]
     return out
-

@@ -4,7 +4,7 @@
         --json runs/rift/closed_loop.json --gif docs/img/rift_before_after.gif
 
 "before" is the imitation warm start (read from the warm-start cache, ``$MMRL_CACHE``, that the run
-used), "after" the run's latest checkpoint. Each is driven closed loop for 8 s from the same
+used), "after" the run's latest checkpoint, named after the run's reward (``rift`` or ``rlftsim``). Each is driven closed loop for 8 s from the same
 held-out states (``--split``, seeds drawn from ``--seed``) and compared with the rule-based log of
 the same states (:func:`mmrl.tasks.driving.rift.closed_loop_metrics`).
 """
@@ -30,7 +30,7 @@ CBV_COLOUR = (255, 220, 0)
 
 
 def load_policies(run: Path):
-    """(imitation start, fine-tuned) policies of a run folder, and its task's traffic density."""
+    """(imitation start, fine-tuned) policies of a run folder, its task's traffic density and reward name."""
     cfg = build(TrainConfig, load_yaml(run / "config.yaml"))
     before, after = (make_policy(cfg.policy.name, cfg.policy.args) for _ in range(2))
     start = warm_start_path(cfg)
@@ -41,7 +41,8 @@ def load_policies(run: Path):
     if latest is None:
         raise FileNotFoundError(f"{run}: no checkpoint")
     after.load_weights(str(latest / "policy"))
-    return before.eval(), after.eval(), make_task(cfg.task.name, cfg.task.args).cfg.traffic
+    task_cfg = make_task(cfg.task.name, cfg.task.args).cfg
+    return before.eval(), after.eval(), task_cfg.traffic, task_cfg.reward
 
 
 def frames(state, episode, size: int = 160, label: str = "") -> list[Image.Image]:
@@ -63,11 +64,11 @@ def frames(state, episode, size: int = 160, label: str = "") -> list[Image.Image
     return out
 
 
-def write_gif(pairs, path: Path, size: int = 160) -> None:
-    """Side-by-side GIF: imitation start (left) and RIFT fine-tuned (right), one pair of episodes each."""
+def write_gif(pairs, path: Path, size: int = 160, label: str = "RIFT") -> None:
+    """Side-by-side GIF: imitation start (left) and fine-tuned (right, ``label``), one pair of episodes each."""
     sequence = []
     for state, ep_before, ep_after in pairs:
-        left, right = frames(state, ep_before, size, "IL"), frames(state, ep_after, size, "RIFT")
+        left, right = frames(state, ep_before, size, "IL"), frames(state, ep_after, size, label)
         n = max(len(left), len(right))
         left += [left[-1]] * (n - len(left))
         right += [right[-1]] * (n - len(right))
@@ -90,17 +91,17 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--gif", type=Path)
     parser.add_argument("--gif-episodes", type=int, default=3)
     args = parser.parse_args(argv)
-    before, after, traffic = load_policies(args.run)
+    before, after, traffic, reward = load_policies(args.run)
     results: dict = {}
     for split in args.splits.split(","):
         seeds = np.random.default_rng(args.seed).integers(0, 2 ** 31 - 1, size=args.episodes)
         runs_before, runs_after = [], []
         results[split] = {"imitation": closed_loop_metrics(before.choose, split, seeds, runs_before, traffic),
-                          "rift": closed_loop_metrics(after.choose, split, seeds, runs_after, traffic)}
+                          reward: closed_loop_metrics(after.choose, split, seeds, runs_after, traffic)}
         for name, m in results[split].items():
             print(f"[{split}] {name:<9} " + "  ".join(f"{k} {v:.3f}" for k, v in m.items()))
         if args.gif and split == args.splits.split(",")[0]:
-            # one episode each: imitation collides and RIFT does not; the reverse; the choices differ
+            # one episode each: imitation collides and the fine-tuned policy does not; the reverse; choices differ
             b, a = [r[1] for r in runs_before], [r[1] for r in runs_after]
             kinds = [lambda i: b[i].collision and not a[i].collision, lambda i: a[i].collision and not b[i].collision,
                      lambda i: b[i].choices != a[i].choices]
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> dict:
             for kind in kinds:
                 picked += [i for i in range(len(seeds)) if kind(i) and i not in picked][:1]
             pairs = [(runs_before[i][0], b[i], a[i]) for i in picked[:args.gif_episodes]]
-            write_gif(pairs, args.gif)
+            write_gif(pairs, args.gif, label=reward.upper())
             print(f"gif: {args.gif} ({args.gif.stat().st_size / 1e3:.0f} kB)")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))

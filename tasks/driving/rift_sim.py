@@ -29,6 +29,8 @@ from mmrl.envs.driving.maps import LANE_WIDTH
 from mmrl.envs.driving.env import RouteSet, traffic_step
 from mmrl.envs.driving.world import (CAR_LENGTH, CAR_WIDTH, SIM_DT, Agent, Scenario, _leader_gaps, frenet_path,
                                      make_scenario)
+from mmrl.tasks.driving.realism import kinematics as realism_kinematics
+from mmrl.tasks.driving.realism import wasserstein_1d  # noqa: F401  (re-exported for the closed-loop metrics)
 
 HORIZON_STEPS = 40  # 4 s at SIM_DT = 0.1 s (RIFT: 40 frames)
 GAMMA = 0.98  # RIFT get_rollout_return
@@ -419,18 +421,5 @@ def rule_based_episode(state: TrafficState, n_steps: int = EPISODE_STEPS) -> Epi
 
 
 def kinematics(cbv: np.ndarray, dt: float = SIM_DT) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Speed [S+1], longitudinal acceleration [S] and jerk [S−1] of poses [S+1, 4]."""
-    v = cbv[:, 3]
-    a = np.diff(v) / dt
-    return v, a, np.diff(a) / dt
-
-
-def wasserstein_1d(x: np.ndarray, y: np.ndarray) -> float:
-    """W1 distance between two empirical 1-D distributions (∫|F_x − F_y|, exact for samples)."""
-    x, y = np.sort(np.asarray(x, float)), np.sort(np.asarray(y, float))
-    if len(x) == 0 or len(y) == 0:
-        return float("nan")
-    grid = np.sort(np.concatenate([x, y]))
-    cdf_x = np.searchsorted(x, grid[:-1], side="right") / len(x)
-    cdf_y = np.searchsorted(y, grid[:-1], side="right") / len(y)
-    return float(np.sum(np.abs(cdf_x - cdf_y) * np.diff(grid)))
+    """Speed [S+1], longitudinal acceleration [S] and jerk [S−1] of poses [S+1, 4] at the world's step."""
+    return realism_kinematics(cbv, dt)

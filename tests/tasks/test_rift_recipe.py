@@ -60,7 +60,7 @@ def test_full_recipe_cuts_closed_loop_collisions_and_keeps_progress(tmp_path, mo
     run = train(load_config(RECIPE, QUIET), tmp_path / "run")
     rows = read_rows(run)
     assert rows[-1]["eval/reward_mean"] > rows[0]["eval/reward_mean"] + 0.5, (rows[0], rows[-1])
-    before, after, traffic = load_policies(run)
+    before, after, traffic, _ = load_policies(run)
     seeds = np.random.default_rng(4321).integers(0, 2 ** 31 - 1, size=100)
     il = closed_loop_metrics(before.choose, "test", seeds, traffic=traffic)
     rift = closed_loop_metrics(after.choose, "test", seeds, traffic=traffic)
