@@ -183,11 +183,7 @@ class LaviPlanTask:
         unknown = [name for name in cfg.layouts if name not in LAYOUT_BUILDERS]
         if unknown:
             raise ValueError(f"task.args.layouts: unknown layout(s) {unknown}; known: {sorted(LAYOUT_BUILDERS)}")
-        try:
-            cfg.think.format(instruction="", maneuver="", speed=0, lead="")
-        except (KeyError, IndexError, ValueError) as err:
-            raise ValueError(f"task.args.think {cfg.think!r}: only {{instruction}}, {{maneuver}}, {{speed}}, {{lead}} may "
-                             f"appear ({err})") from err
+        check_think(cfg.think)
         if cfg.agents and not (len(cfg.agents) == 2 and 0 <= cfg.agents[0] <= cfg.agents[1] <= 30):
             raise ValueError(f"task.args.agents must be [low, high] with 0 <= low <= high <= 30, "
                              f"got {list(cfg.agents)}")
@@ -301,3 +297,12 @@ class LaviPlanTask:
             metrics["perception_accuracy"] = float(np.mean([p.well_formed and self.perceived(e, o)
                                                             for e, o, p in zip(examples, outputs, plans)]))
         return metrics
+
+
+def check_think(think: str) -> None:
+    """``task.args.think`` may name only the fields the planner tasks fill in."""
+    try:
+        think.format(instruction="", maneuver="", speed=0, lead="")
+    except (KeyError, IndexError, ValueError) as err:
+        raise ValueError(f"task.args.think {think!r}: only {{instruction}}, {{maneuver}}, {{speed}}, {{lead}} may "
+                         f"appear ({err})") from err

@@ -26,7 +26,7 @@ from PIL import Image
 
 from mmrl.core.contracts import RewardResult
 from mmrl.envs.driving.render import render_bev
-from mmrl.tasks.driving.laviplan import GAP_BINS, GAP_WORDS, PlanExample, lead_gap, think_states
+from mmrl.tasks.driving.laviplan import GAP_BINS, GAP_WORDS, PlanExample, check_think, lead_gap, think_states
 from mmrl.tasks.driving.laviplan_reward import (ParsedPlan, RewardWeights, format_waypoints, parse_plan,
                                                 plan_reward, planning_metrics)
 
@@ -120,11 +120,7 @@ class LaviPlanHighwayTask:
                              f"got {cfg.horizon * cfg.dt:g}")
         if cfg.train_pool < 0:
             raise ValueError(f"task.args.train_pool must be >= 0, got {cfg.train_pool}")
-        try:
-            cfg.think.format(instruction="", maneuver="", speed=0, lead="")
-        except (KeyError, IndexError, ValueError) as err:
-            raise ValueError(f"task.args.think {cfg.think!r}: only {{instruction}}, {{maneuver}}, {{speed}}, {{lead}} "
-                             f"may appear ({err})") from err
+        check_think(cfg.think)
         try:
             from mmrl.envs.driving import highway
         except ImportError as err:
