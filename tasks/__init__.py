@@ -14,3 +14,4 @@ from mmrl.tasks import vie  # noqa: F401
 from mmrl.tasks import driving  # noqa: F401
 from mmrl.tasks import data  # noqa: F401
 from mmrl.tasks import judge  # noqa: F401
+from mmrl.tasks import pretext  # noqa: F401

@@ -48,6 +48,10 @@ DATA_ROWS = {"train_files": "assets/data/train.jsonl", "test_files": "assets/dat
 """The example VQA rows (the data tasks have no default files); the verifier is the default ``exact``."""
 
 
+ARITH_ROWS = {"train_files": "assets/data/arith_train.jsonl", "test_files": "assets/data/arith_test.jsonl",
+              "reward": "number", "answer_template": "{answer}"}
+
+
 def task_args(task_id: str, request) -> dict:
     if task_id == "robot/wm_reach-v0":
         return {"image_size": 32, "world_model": str(request.getfixturevalue("world_model"))}
@@ -55,6 +59,8 @@ def task_args(task_id: str, request) -> dict:
         return DATA_ROWS
     if task_id == "judge/verdict-v0":
         return {"task": "vlm_sanity/shape_color-v0"}
+    if task_id == "pretext/mask-fill-v0":
+        return {"task": "data/rows-v0", "args": ARITH_ROWS}
     if task_id in ("data/mixture-v0", "mixture"):
         return {"sources": [{"name": "vqa", "task": "data/rows-v0", "args": DATA_ROWS},
                             {"name": "shapes", "task": "vlm_sanity/shape_color-v0"}]}
