@@ -97,6 +97,10 @@ class AlgoConfig:
     (``task.hinted``), and trained as answers to the hint-free prompt with the importance ratio
     π_θ(y|x) / π_old(y|x, hint) (``extra.guide``; mmrl/algos/variants/hooks.py ``Guide``)."""
 
+    answer_prefix: str | None = None
+    """TFPI's ThinkFree input (seed #86): every training sample starts with this text already written (e.g.
+    ``"<think></think>"``: no thinking), given as context; the task scores prefix + continuation. Evaluation
+    samples without it. None: off (mmrl/algos/variants/hooks.py ``AnswerPrefix``)."""
     prompt_selection: str = "uniform"
     """Which prompts a round draws (mmrl/algos/variants/selection.py): uniform (the task's draw) | hard_focus
     (seed #45: highest posterior failure rate; ``extra.hard_focus``) | low_likelihood (SELF, seed #102: lowest

@@ -133,8 +133,30 @@ class FollowUp:
         return tuple(getattr(self.base, "videos", ()))
 
 
+@dataclass(frozen=True)
+class Prefixed:
+    """``base`` answered with ``prefix`` already written: the policy continues after it, the prefix is context
+    (not decisions), and the answer a task scores is ``prefix`` + the continuation (TFPI's ThinkFree input,
+    ``algo.answer_prefix``)."""
+
+    base: Any
+    prefix: str
+
+    def __getattr__(self, name: str) -> Any:  # prompt, images, system, videos, history: the base example's
+        if name in ("base", "prefix") or name.startswith("__"):  # not set yet (copy, unpickling)
+            raise AttributeError(name)
+        return getattr(self.base, name)
+
+
+def answer_prefix_of(example: Any) -> str:
+    """The text already written at the start of the answer (empty for an ordinary example)."""
+    return example.prefix if isinstance(example, Prefixed) else ""
+
+
 def turns_of(example: Any) -> tuple[tuple[str, str], ...]:
     """The (role, text) turns after the prompt (none for a first turn)."""
+    if isinstance(example, Prefixed):
+        return turns_of(example.base)
     return example.history if isinstance(example, FollowUp) else ()
 
 

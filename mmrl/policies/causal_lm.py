@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedTokenizerFast
 
-from mmrl.core.contracts import Policy, PolicyOutput, turns_of
+from mmrl.core.contracts import Policy, PolicyOutput, answer_prefix_of, turns_of
 from mmrl.core.paths import resolve_asset
 from mmrl.policies.lora import add_lora, load_lora_weights
 from mmrl.policies.tokens import (TokenPayload, completion_mask_from_eos, positions_from_mask,
@@ -53,8 +53,9 @@ class CausalLMConfig:
 
 
 def prompt_text(example: Any) -> str:
-    """The text the model continues: the prompt, then any earlier turns (:class:`FollowUp`) in order."""
-    return example.prompt + "".join(text for _, text in turns_of(example))
+    """The text the model continues: the prompt, any earlier turns (:class:`FollowUp`) in order, and any text
+    already written at the start of the answer (:class:`Prefixed`)."""
+    return example.prompt + "".join(text for _, text in turns_of(example)) + answer_prefix_of(example)
 
 
 def char_tokenizer(chars: str) -> PreTrainedTokenizerFast:

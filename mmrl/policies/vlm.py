@@ -38,7 +38,8 @@ from torch.nn import functional as F
 from transformers import AutoModelForImageTextToText, AutoProcessor, GenerationConfig
 
 from mmrl.core.config import ConfigError
-from mmrl.core.contracts import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER, Policy, PolicyOutput, VideoPrompt, turns_of
+from mmrl.core.contracts import (IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER, Policy, PolicyOutput, VideoPrompt,
+                                 answer_prefix_of, turns_of)
 from mmrl.policies.lora import BASE_FOLDER, add_lora, load_lora_weights
 from mmrl.policies.tokens import positions_from_mask, token_logprobs
 from mmrl.core.rollout import Rollout, SamplingParams
@@ -308,7 +309,7 @@ class VLMPolicy(Policy):
 
         conversations = [self.messages(ex, i) for i, ex in enumerate(examples)]
         texts = [self.processor.apply_chat_template(c, tokenize=False, add_generation_prompt=True)
-                 for c in conversations]
+                 + answer_prefix_of(ex) for c, ex in zip(conversations, examples)]
         resized: list[tuple[Any, ...]] = []
         clips: list[tuple[tuple[Tensor, dict], ...]] = []  # per row: (frames [T, 3, H, W], metadata) per video
         for i, conversation in enumerate(conversations):

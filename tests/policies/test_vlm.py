@@ -286,3 +286,11 @@ def test_a_follow_up_turn_is_a_chat_turn_after_the_answer(policy):
     assert text.index("blue") < text.index("No. Look again.") < text.rindex("assistant")
     rollout = policy.rollout([follow], 2, SamplingParams(temperature=1.0, max_new_tokens=4), seed=0)
     assert torch.allclose(policy(rollout).logp, rollout.logp, atol=1e-5)  # the earlier turns are context only
+
+
+def test_an_answer_prefix_follows_the_generation_prompt(policy):
+    from mmrl.core.contracts import Prefixed
+
+    first = mixed_examples()[0]
+    text = policy.encode([Prefixed(first, "<think></think>")]).texts[0]
+    assert text == policy.encode([first]).texts[0] + "<think></think>"

@@ -2,6 +2,7 @@
 
 Rollout hooks — ``draw`` wrappers nest first-outermost, ``refine`` runs in this order:
 
+- ``answer_prefix`` (TFPI): samples drawn with the answer's first text already written (``algo.answer_prefix``);
 - ``param_noise`` (PSN-RLVR): rollouts from perturbed weights (``rollout.param_noise_std`` > 0);
 - ``reference_rows`` (ViSurf): the task's reference output joins each group (``rollout.reference_rows`` > 0);
 - ``prompt_temperature`` (ERPO): each prompt sampled at its own temperature (``algo.temperature_schedule``),
@@ -51,7 +52,7 @@ from mmrl.algos.variants.loss_terms import LOSS_TERMS, LossTermInputs, LossTermR
 from mmrl.algos.variants.param_noise import perturbed_parameters
 from mmrl.algos.variants.params import algo_needs, declare_variant, variant_params
 from mmrl.algos.variants.prompt_temperature import TEMPERATURE_SCHEDULES, PromptTemperatures
-from mmrl.core.contracts import FeedbackTask, FollowUp, HintedTask, turns_of
+from mmrl.core.contracts import FeedbackTask, FollowUp, HintedTask, Prefixed, turns_of
 from mmrl.core.rollout import Rollout, SamplingParams, derive_seed
 from mmrl.core.scored import Scored
 
@@ -267,6 +268,22 @@ class FeedbackTurns(RolloutHook):
         return metrics
 
 
+class AnswerPrefix(RolloutHook):
+    """TFPI (seed #86): training samples are drawn with ``algo.answer_prefix`` already written at the start of
+    the answer (TFPI's ThinkFree operation appends ``</think>``, discarding the thinking): the prefix is
+    context in the row's payload, not decisions, and the task scores prefix + continuation. Evaluation is
+    unchanged (the trainer's held-out draws go through no hook), so a ThinkFree stage is measured in the
+    ordinary mode, as the paper measures it. INFERRED: the prefix for our ``<think>…</think><answer>…``
+    tasks is an empty think block."""
+
+    def __init__(self, ctx: HookContext):
+        self.prefix = ctx.cfg.algo.answer_prefix
+
+    def draw(self, examples, group_size, sampling, seed, inner: Draw) -> Rollout:
+        rollout = inner([Prefixed(e, self.prefix) for e in examples], group_size, sampling, seed)
+        return rollout.replace(outputs=[self.prefix + str(o) for o in rollout.outputs])
+
+
 class RolloutStrategy(RolloutHook):
     """``algo.rollout_strategy`` (mmrl/algos/variants/adaptive_sampling.py; AERO): draw the extra samples the
     strategy asks for, per example, until it asks for none; then keep the rows it selects."""
@@ -417,6 +434,7 @@ def read_kept(run: Path, last_step: int) -> list[tuple[Any, Any]]:
     return pairs
 
 
+ROLLOUT_HOOKS.register("answer_prefix", HookSpec(lambda cfg: cfg.algo.answer_prefix is not None, AnswerPrefix))
 ROLLOUT_HOOKS.register("param_noise", HookSpec(lambda cfg: cfg.rollout.param_noise_std > 0, ParamNoise))
 ROLLOUT_HOOKS.register("reference_rows", HookSpec(lambda cfg: cfg.rollout.reference_rows > 0, ReferenceRows))
 ROLLOUT_HOOKS.register("prompt_temperature", HookSpec(lambda cfg: cfg.algo.temperature_schedule != "fixed",
