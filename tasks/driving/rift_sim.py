@@ -30,7 +30,6 @@ from mmrl.envs.driving.env import RouteSet, traffic_step
 from mmrl.envs.driving.world import (CAR_LENGTH, CAR_WIDTH, SIM_DT, Agent, Scenario, _leader_gaps, frenet_path,
                                      make_scenario)
 from mmrl.tasks.driving.realism import kinematics as realism_kinematics
-from mmrl.tasks.driving.realism import wasserstein_1d  # noqa: F401  (re-exported for the closed-loop metrics)
 
 HORIZON_STEPS = 40  # 4 s at SIM_DT = 0.1 s (RIFT: 40 frames)
 GAMMA = 0.98  # RIFT get_rollout_return

@@ -14,7 +14,8 @@ from mmrl.core.registry import make_task
 from mmrl.tasks.driving.rift import RETURN_MAX, RiftTask, RiftConfig, build_example, closed_loop_metrics
 from mmrl.tasks.driving.rift_sim import (GAMMA, HORIZON_STEPS, NUM_CANDIDATES, REWARD_TERMS, TrafficState,
                                          candidate_lattice, candidate_returns, closed_loop_episode, dense_rewards,
-                                         kinematics, make_state, rule_based_choice, simulate, wasserstein_1d)
+                                         kinematics, make_state, rule_based_choice, simulate)
+from mmrl.tasks.driving.realism import wasserstein_1d
 
 ROOT = Path(__file__).resolve().parents[2]
 
