@@ -103,7 +103,8 @@ class AlgoConfig:
     samples without it. None: off (mmrl/algos/variants/hooks.py ``AnswerPrefix``)."""
     prompt_selection: str = "uniform"
     """Which prompts a round draws (mmrl/algos/variants/selection.py): uniform (the task's draw) | hard_focus
-    (seed #45: highest posterior failure rate; ``extra.hard_focus``) | low_likelihood (SELF, seed #102: lowest
+    (seed #45: highest posterior failure rate; ``extra.hard_focus``) | pos_neg_pairing (seed #65: half hard-but-solvable,
+    half easy-but-brittle prompts; ``extra.pos_neg_pairing``) | low_likelihood (SELF, seed #102: lowest
     policy likelihood of the reference answer; ``extra.low_likelihood``)."""
     dyme: bool = False
     """DyME (seed #33): each step, groups whose rollouts all failed are trained by SFT on the task's reference

@@ -75,6 +75,8 @@ SWEEP_ARMS.register("dph_rl", SweepArm(("algo.rehearsal_divergence=js",
                                        "DPH-RL, arXiv 2509.07430 (JS to π_0 on its always-solved samples, coef 0.1)"))
 SWEEP_ARMS.register("hard_focus", SweepArm(("algo.prompt_selection=hard_focus",),
                                            "hard-focus curriculum (seed #45): prompts with the highest failure rate"))
+SWEEP_ARMS.register("pos_neg_pairing", SweepArm(("algo.prompt_selection=pos_neg_pairing", "algo.advantage=weighted_grpo"),
+                                                "positive-negative pairing + Weighted GRPO (seed #65)"))
 SWEEP_ARMS.register("low_likelihood", SweepArm(("algo.prompt_selection=low_likelihood",),
                                                "SELF (seed #102): prompts whose reference is least likely"))
 SWEEP_ARMS.register("dyme", SweepArm(("algo.dyme=true",), "DyME (seed #33): SFT on the reference for all-failed groups"))

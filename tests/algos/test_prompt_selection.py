@@ -62,3 +62,18 @@ def test_a_selecting_run_resumes_exactly(sanity_config, tmp_path):
 
     assert rows(tmp_path / "half") == rows(tmp_path / "full")
     assert rows(tmp_path / "full")[-1]["rollout/selection_seen_prompts"] == pytest.approx(4 * 4)
+
+
+def test_pairing_keeps_hard_but_solvable_and_easy_but_brittle_prompts(sanity_config, tmp_path):
+    trainer = Trainer(sanity_config(*SMALL, "algo.prompt_selection=pos_neg_pairing", "trainer.steps=1"),
+                      tmp_path / "r")
+    hook = selector(trainer)
+    candidates = trainer.task.sample_batch("train", 7, np.random.default_rng(0))
+    keys = [prompt_key(c) for c in candidates]
+    # success rates: c0 1/4 (hard, solvable), c1 0 (never solved), c2 3/4 (easy, brittle), c3 1 (always),
+    # c4 1/2 (easy side), c5 1/8 (hardest solvable), c6 unseen
+    outcomes = {0: [1, 0, 0, 0], 1: [0, 0], 2: [1, 1, 1, 0], 3: [1, 1], 4: [1, 0], 5: [1] + [0] * 7}
+    for i, rows in outcomes.items():
+        hook.history.update([keys[i]] * len(rows), rows)
+    assert hook.select_prompts(candidates, 4) == [candidates[5], candidates[0], candidates[2], candidates[4]]
+    assert hook.select_prompts(candidates, 6)[4:] == [candidates[1], candidates[3]]  # the rest, in draw order

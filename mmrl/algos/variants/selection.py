@@ -6,6 +6,8 @@ candidates from the task (the same on every process) and the hook's ``select_pro
 
 - ``hard_focus`` (seed #45, a hard-focus curriculum): the candidates whose posterior failure rate, from
   their earlier groups, is highest; prompts never solved after ``give_up_after`` samples go last.
+- ``pos_neg_pairing`` (seed #65): half the prompts hard-but-solvable (lowest success rate above 0), half
+  easy-but-brittle (highest success rate below 1), from their earlier groups;
 - ``low_likelihood`` (SELF, seed #102: RLVR's winner-take-all reinforces high-likelihood problems, so
   focus on low-likelihood ones): the candidates whose reference answer has the lowest mean log-probability
   under the current policy.
@@ -78,6 +80,38 @@ class HardFocus(RolloutHook):
 
 
 @dataclass(frozen=True)
+class PairingParams:
+    candidates_per_prompt: int = 4
+    """Candidates drawn per prompt kept (k)."""
+
+
+declare_variant("pos_neg_pairing", PairingParams)
+
+
+class PosNegPairing(HardFocus):
+    """Positive–negative pairing (seed #65): every round keeps n/2 *hard-but-solvable* prompts q⁺ (the lowest
+    empirical success rate s / (s + f) above 0) and n/2 *easy-but-brittle* prompts q⁻ (the highest rate below
+    1), from the prompts' earlier samples (a success scores ≥ ``eval.pass_threshold``). Candidates that fit
+    neither (unseen, never or always solved) fill what is left, in the task's random order. Combine with
+    ``algo.advantage: weighted_grpo`` for the paper's Weighted GRPO. INFERRED: n/2 of each per round (the
+    paper pairs one q⁺ with one q⁻ per update)."""
+
+    def __init__(self, ctx: HookContext):
+        super().__init__(ctx)
+        self.candidates_per_prompt = variant_params(ctx.cfg.algo, "pos_neg_pairing").candidates_per_prompt
+
+    def select_prompts(self, candidates: Sequence[Any], n: int) -> list[Any]:
+        successes, failures = self.history.lookup([prompt_key(c) for c in candidates])
+        rate = (successes / (successes + failures).clamp(min=1e-9)).tolist()
+        seen = (successes + failures > 0).tolist()
+        hard = sorted((i for i in range(len(candidates)) if seen[i] and 0 < rate[i] < 0.5), key=lambda i: rate[i])
+        easy = sorted((i for i in range(len(candidates)) if seen[i] and 0.5 <= rate[i] < 1), key=lambda i: -rate[i])
+        chosen = hard[:n // 2] + easy[:n - n // 2]
+        chosen += [i for i in range(len(candidates)) if i not in chosen][:n - len(chosen)]
+        return [candidates[i] for i in chosen]
+
+
+@dataclass(frozen=True)
 class LowLikelihoodParams:
     candidates_per_prompt: int = 4
     """Candidates drawn per prompt kept (k)."""
@@ -113,5 +147,6 @@ class LowLikelihood(RolloutHook):
 
 PROMPT_SELECTORS.register("hard_focus", HardFocus)
 PROMPT_SELECTORS.register("low_likelihood", LowLikelihood)
+PROMPT_SELECTORS.register("pos_neg_pairing", PosNegPairing)
 ROLLOUT_HOOKS.register("prompt_selection", HookSpec(lambda cfg: cfg.algo.prompt_selection != "uniform",
                                                     lambda ctx: PROMPT_SELECTORS.get(ctx.cfg.algo.prompt_selection)(ctx)))
