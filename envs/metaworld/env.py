@@ -39,6 +39,7 @@ from gymnasium import spaces
 
 from mmrl.envs.metaworld import MAX_STEPS, TEMPLATES, valid_task
 from mmrl.envs.robot.rendering import mujoco, shared_renderer
+from mmrl.envs.robot.tabletop import checked_action
 
 INSTRUCTION_CHARS = "abcdefghijklmnopqrstuvwxyz "
 CAMERAS = ("corner", "corner2", "corner3", "corner4", "topview", "behindGripper", "gripperPOV")
@@ -168,14 +169,7 @@ class MetaWorldEnv(gymnasium.Env):
 
     def check_action(self, action: Any) -> np.ndarray:
         """The action as float32 [4] clipped to [−1, 1]; raises on a wrong shape or NaN/inf."""
-        a = np.asarray(action, dtype=np.float32)
-        if a.shape != (4,):
-            raise ValueError(f"action must have shape (4,) (end-effector dx, dy, dz and gripper effort in [-1, 1]), "
-                             f"got shape {a.shape}; the simulation state is unchanged")
-        if not np.isfinite(a).all():
-            raise ValueError(f"action must be finite, got {a.tolist()}; check the policy's outputs (NaN weights?); "
-                             f"the simulation state is unchanged")
-        return np.clip(a, -1.0, 1.0)
+        return checked_action(action, (4,), "end-effector dx, dy, dz and gripper effort in [-1, 1]")
 
     def step(self, action: Any):
         a = self.check_action(action)  # before the simulator moves

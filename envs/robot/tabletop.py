@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import gymnasium
 import numpy as np
@@ -41,6 +42,19 @@ def mjcf_path(name: str) -> Path:
     from mmrl.core.paths import assets_dir
 
     return assets_dir() / "robot" / name
+
+
+def checked_action(action: Any, shape: tuple[int, ...], meaning: str) -> np.ndarray:
+    """``action`` as float32 of ``shape`` clipped to [−1, 1], checked before any simulator state changes: a
+    wrong shape or a NaN / inf is a ValueError that names ``meaning`` and says the state is unchanged."""
+    a = np.asarray(action, dtype=np.float32)
+    if a.shape != tuple(shape):
+        raise ValueError(f"action must have shape {tuple(shape)} ({meaning}), got shape {a.shape}; "
+                         f"the simulation state is unchanged")
+    if not np.isfinite(a).all():
+        raise ValueError(f"action must be finite, got {a.tolist()}; check the policy's outputs (NaN weights?); "
+                         f"the simulation state is unchanged")
+    return np.clip(a, -1.0, 1.0)
 
 
 @dataclass(frozen=True)
@@ -299,15 +313,8 @@ class TabletopEnv(gymnasium.Env):
 
     def check_action(self, action) -> np.ndarray:
         """The action as float32 [action_dims], clipped to [−1, 1]; raises on a wrong shape or NaN/inf."""
-        a = np.asarray(action, dtype=np.float32)
-        if a.shape != self.action_space.shape:
-            raise ValueError(f"action must have shape {self.action_space.shape} (end-effector deltas"
-                             f"{' + grip' if self.rules.action_dims == 4 else ''} in [-1, 1]), got shape {a.shape}; "
-                             f"the simulation state is unchanged")
-        if not np.isfinite(a).all():
-            raise ValueError(f"action must be finite, got {a.tolist()}; check the policy's outputs (NaN weights?); "
-                             f"the simulation state is unchanged")
-        return np.clip(a, -1.0, 1.0)
+        meaning = f"end-effector deltas{' + grip' if self.rules.action_dims == 4 else ''} in [-1, 1]"
+        return checked_action(action, self.action_space.shape, meaning)
 
     def step(self, action):
         a = self.check_action(action)  # before touching any state
