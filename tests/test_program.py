@@ -129,10 +129,13 @@ def test_rloop_chain_rft_refines_the_rl_start_on_its_successes(rloop_run):
     assert check["eval/reward_mean"] == pytest.approx(last_rl2["eval/reward_mean"])
 
 
-def test_mmrl_eval_of_a_program_run_uses_its_last_result(rloop_run):
-    done = mmrl("eval", "sanity/reverse-v0", "--model", str(rloop_run), "--num-examples", "16")
+def test_mmrl_eval_of_a_program_run_uses_its_last_result(rloop_run, tmp_path):
+    """The run folder evaluates as its last stage's policy: the numbers the program logged for it."""
+    out = tmp_path / "eval.json"
+    done = mmrl("eval", "sanity/reverse-v0", "--model", str(rloop_run), "--num-examples", "16", "--json", str(out))
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "reward_mean" in done.stdout
+    (metrics,) = json.loads(out.read_text())["metrics"].values()
+    assert metrics["reward_mean"] == pytest.approx(metric_rows(rloop_run)[-1]["eval/reward_mean"])
 
 
 def test_a_program_killed_inside_a_stage_resumes_exactly(rloop_run, tmp_path):

@@ -175,18 +175,21 @@ def build_hooks(registry: Registry[HookSpec], ctx: HookContext) -> list[tuple[st
 
 def round_driver(hooks: Sequence[tuple[str, RolloutHook]]) -> RolloutHook:
     """The hook whose ``rounds`` decides a step's rounds (a pass-through one when none does)."""
-    drivers = [(name, hook) for name, hook in hooks if hook.drives_rounds]
-    if len(drivers) > 1:
-        raise ValueError(f"rollout hooks {[n for n, _ in drivers]} each decide a step's rounds: select at most one")
-    return drivers[0][1] if drivers else RolloutHook()
+    return at_most_one(hooks, lambda hook: hook.drives_rounds, "decide a step's rounds") or RolloutHook()
 
 
 def prompt_selector(hooks: Sequence[tuple[str, RolloutHook]]) -> RolloutHook | None:
     """The hook that chooses a round's prompts (None: the task's own draw)."""
-    selectors = [(name, hook) for name, hook in hooks if hook.candidates_per_prompt > 0]
-    if len(selectors) > 1:
-        raise ValueError(f"rollout hooks {[n for n, _ in selectors]} each choose a round's prompts: select at most one")
-    return selectors[0][1] if selectors else None
+    return at_most_one(hooks, lambda hook: hook.candidates_per_prompt > 0, "choose a round's prompts")
+
+
+def at_most_one(hooks: Sequence[tuple[str, RolloutHook]], takes_part: Callable[[RolloutHook], bool],
+                role: str) -> RolloutHook | None:
+    """The one hook that ``takes_part`` (None when none does); two or more is a configuration error."""
+    found = [(name, hook) for name, hook in hooks if takes_part(hook)]
+    if len(found) > 1:
+        raise ValueError(f"rollout hooks {[n for n, _ in found]} each {role}: select at most one")
+    return found[0][1] if found else None
 
 
 def compose_draw(hooks: Sequence[RolloutHook], sample: Draw) -> Draw:

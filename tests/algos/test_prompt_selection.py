@@ -77,3 +77,21 @@ def test_pairing_keeps_hard_but_solvable_and_easy_but_brittle_prompts(sanity_con
         hook.history.update([keys[i]] * len(rows), rows)
     assert hook.select_prompts(candidates, 4) == [candidates[5], candidates[0], candidates[2], candidates[4]]
     assert hook.select_prompts(candidates, 6)[4:] == [candidates[1], candidates[3]]  # the rest, in draw order
+
+
+def test_at_most_one_hook_may_choose_prompts_or_drive_rounds():
+    from mmrl.algos.hooks import RolloutHook, prompt_selector, round_driver
+
+    class Chooser(RolloutHook):
+        candidates_per_prompt = 2
+
+    class Driver(RolloutHook):
+        drives_rounds = True
+
+    plain, chooser = RolloutHook(), Chooser()
+    assert prompt_selector([("a", plain), ("b", chooser)]) is chooser and prompt_selector([("a", plain)]) is None
+    with pytest.raises(ValueError, match=r"\['b', 'c'\] each choose a round's prompts"):
+        prompt_selector([("a", plain), ("b", chooser), ("c", Chooser())])
+    assert type(round_driver([("a", plain)])) is RolloutHook  # a pass-through driver when none drives
+    with pytest.raises(ValueError, match="each decide a step's rounds"):
+        round_driver([("a", Driver()), ("b", Driver())])
