@@ -7,6 +7,7 @@
     mmrl train my_recipe.yaml --import ./my_tasks.py --out runs/mine     # a user's plugin (docs/plugins.md)
     mmrl list
     mmrl plot runs/x
+    mmrl plan spatial_ssrl/qwen2_5_vl_3b_gpu --model-config assets/vlm/qwen2_5_vl_3b_config.json --gpu-gib 80
     mmrl plans-gif runs/laviplan_s0 --scenes 4
 """
 
@@ -106,6 +107,23 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--out", required=True, help="sweep folder (runs/, sweep.md, sweep.json, sweep.png)")
     sweep.add_argument("--pass-k", type=int, default=8, help="k of the held-out pass@k (0: off; default 8)")
     add_import_argument(sweep)
+
+    plan = sub.add_parser("plan", help="GPU memory per process of a recipe (weights, gradients, optimizer, "
+                                       "activations, KV cache) from its model's config, without weights")
+    plan.add_argument("recipe", help="recipe YAML path or name")
+    plan.add_argument("overrides", nargs="*", help="dotted overrides, e.g. policy.args.lora_rank=64")
+    plan.add_argument("--accelerate-config", help="accelerate config YAML (configs/accelerate/*.yaml): processes, "
+                                                  "mixed precision, DDP / FSDP / DeepSpeed sharding (default: one process)")
+    plan.add_argument("--num-processes", type=int, help="override the accelerate config's num_processes")
+    plan.add_argument("--gpu-gib", type=float, default=80.0, help="GPU memory to fit in, GiB (default 80)")
+    plan.add_argument("--model-config", help="a transformers config.json to plan instead of the recipe's model "
+                                             "(a real-size model without its weights, e.g. "
+                                             "assets/vlm/qwen2_5_vl_3b_config.json)")
+    plan.add_argument("--prompt-tokens", type=int, help="prompt tokens per row (default: measured from the task's "
+                                                        "prompts, or policy.args.max_prompt_tokens without a processor)")
+    plan.add_argument("--image-patches", type=int, help="vision-encoder patches per row (default: from the task's images)")
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON")
+    add_import_argument(plan)
 
     extrapolate = sub.add_parser("extrapolate", help="RELEX rank-1 linear extrapolation of a run's checkpoints")
     extrapolate.add_argument("run", help="a run folder whose checkpoints were kept (checkpoint.keep_last=0)")
@@ -356,6 +374,13 @@ def dispatch(args: argparse.Namespace) -> None:
         import_plugins(args.imports, "--import")
         table = run_sweep(args.recipe, parse_sweep_arguments(args.overrides), args.out, args.pass_k, args.imports)
         print(table.read_text())
+    elif args.command == "plan":
+        from mmrl.core.registry import import_plugins
+        from mmrl.experiments.memory_plan import run_plan
+
+        import_plugins(args.imports, "--import")
+        print(run_plan(args.recipe, args.overrides, args.accelerate_config, args.num_processes, args.gpu_gib,
+                       args.model_config, args.prompt_tokens, args.image_patches, args.json, args.imports))
     elif args.command == "extrapolate":
         from mmrl.experiments.extrapolate import run_extrapolate
 

@@ -1,0 +1,98 @@
+"""Measured memory of one real update micro-batch, to check ``mmrl plan`` against (docs/memory_plan.md).
+
+Two exact CPU measurements of the policy's forward (with entropy, as the trainer's update asks) and backward:
+
+- **saved for backward**: every tensor autograd keeps for the backward pass, seen through
+  ``torch.autograd.graph.saved_tensors_hooks``, counted once per storage, parameters left out;
+- **peak**: the high-water mark of the CPU allocations made during forward + backward (the profiler's
+  ``[memory]`` events with ``profile_memory=True``, summed in time order), parameter gradients included.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from mmrl.core.config import TrainConfig
+from mmrl.core.contracts import Policy
+from mmrl.core.rollout import Rollout, SamplingParams
+
+
+@dataclass(frozen=True)
+class MeasuredStep:
+    rows: int
+    prompt_tokens: int
+    """Prompt length of the micro-batch (padded)."""
+    completion_tokens: int
+    """Completion length of the micro-batch (padded): at most ``rollout.max_new_tokens``."""
+    patches_per_row: int
+    saved_bytes: int
+    peak_bytes: int
+    parameters: int
+    trainable: int
+
+
+def draw_update_rows(policy: Policy, cfg: TrainConfig, rows: int) -> Rollout:
+    """``rows`` sampled rows (whole groups of ``rollout.group_size``, cut to ``rows``) of the recipe's task."""
+    from mmrl.core.registry import make_task
+
+    task = make_task(cfg.task.name, cfg.task.args)
+    group = cfg.rollout.group_size
+    examples = task.sample_batch("train", math.ceil(rows / group), np.random.default_rng(cfg.trainer.seed))
+    sampling = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_new_tokens)
+    rollout = policy.rollout(examples, group, sampling, cfg.trainer.seed)
+    return rollout.select(torch.arange(rows))
+
+
+def saved_and_peak(policy: Policy, rollout: Rollout) -> tuple[int, int]:
+    """Bytes saved for backward by ``policy(rollout, with_entropy=True)`` and the allocation peak of that
+    forward and the backward of its summed log-probs."""
+    from torch.profiler import ProfilerActivity, profile
+
+    params = {p.untyped_storage().data_ptr() for p in policy.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in params:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    policy.zero_grad(set_to_none=True)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            out = policy(rollout, with_entropy=True)
+        (-(out.logp * rollout.mask).sum()).backward()
+        del out
+    policy.zero_grad(set_to_none=True)
+    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                    key=lambda e: e.start_ns())
+    live = peak = 0
+    for event in events:
+        live += event.nbytes()
+        peak = max(peak, live)
+    return sum(saved.values()), peak
+
+
+def measure_update_step(cfg: TrainConfig, rows: int) -> MeasuredStep:
+    """Build the recipe's policy for real, draw ``rows`` rows, measure one forward + backward on them."""
+    from mmrl.core.registry import make_policy
+
+    policy = make_policy(cfg.policy.name, cfg.policy.args)
+    policy.train()
+    rollout = draw_update_rows(policy, cfg, rows)
+    payload = rollout.payload
+    prompts = getattr(payload, "prompts", None)
+    prompt_ids = prompts.input_ids if prompts is not None else payload.prompt_ids
+    patches = 0
+    if prompts is not None and prompts.pixel_values is not None:
+        patches = prompts.pixel_values.shape[0] // rollout.num_rows
+    saved, peak = saved_and_peak(policy, rollout)
+    params = list(policy.parameters())
+    return MeasuredStep(rows=rollout.num_rows, prompt_tokens=prompt_ids.shape[1],
+                        completion_tokens=rollout.mask.shape[1], patches_per_row=patches, saved_bytes=saved,
+                        peak_bytes=peak, parameters=sum(p.numel() for p in params),
+                        trainable=sum(p.numel() for p in params if p.requires_grad))
