@@ -19,8 +19,8 @@ from mmrl.experiments.meta_model import RowShape, build_meta_model, count_parame
 QUIET = ["log.progress=false", "log.tensorboard=false"]
 ACCELERATE = recipes_dir() / "accelerate"
 
-# Planned / measured bounds of the update step (docs/memory_plan.md has the measured ratios: 0.97-1.06 for the
-# saved activations, 0.98-1.12 for the peak).
+# Planned / measured bounds of the update step (docs/memory_plan.md has the measured ratios: 0.996-1.043 for
+# the saved activations, 0.975-1.139 for the peak).
 SAVED_RANGE = (0.85, 1.15)
 PEAK_RANGE = (0.8, 1.25)
 
@@ -47,6 +47,8 @@ def saved_activations(plan: MemoryPlan) -> int:
     ("spatial_ssrl/tiny_cpu", 16, ()),
     ("spatial_ssrl/tiny_cpu", 16, ("policy.args.gradient_checkpointing=true",)),
     ("spatial_ssrl/tiny_cpu", 16, ("policy.args.dtype=bfloat16",)),
+    ("spatial_ssrl/tiny_cpu", 16, ("policy.args.attn_implementation=eager",)),
+    ("spatial_ssrl/tiny_cpu", 16, ("policy.args.lora_rank=8",)),  # frozen base and vision tower save less
 ])
 def test_the_plan_matches_a_measured_update_step(recipe, rows, overrides):
     plan, measured = planned_for_measured(recipe, rows, *overrides)

@@ -34,7 +34,7 @@ from typing import Literal
 import yaml
 
 from mmrl.core.config import ConfigError, TrainConfig
-from mmrl.experiments.meta_model import Architecture, PlannedModel, RowShape, VisionArchitecture
+from mmrl.experiments.meta_model import FULL, Architecture, PlannedModel, RowShape, TrainableParts, VisionArchitecture
 
 GIB = 2 ** 30
 LOGSOFTMAX_BYTES = 3 * 4 + 1
@@ -124,21 +124,33 @@ def precision_of(param_dtype: str, mixed_precision: str) -> Precision:
     return Precision(compute=2 if mixed_precision != "no" or stored == 2 else 4, stored=stored)
 
 
-def decoder_layer_bytes(arch: Architecture, p: Precision, attention: str, seq: int) -> int:
-    """Bytes one decoder layer saves per token (no checkpointing): two RMSNorms (:attr:`Precision.norm` per
-    element) and their 1/rms; queries, keys and values as the attention kernel reads them (sdpa and eager
-    repeat the key / value heads to all query heads when a padding mask is passed, as mmrl always does;
-    flash-attention reads the grouped heads), the kernel's output and its log-sum-exp per head; eager attention
-    also keeps the probabilities (heads × ``seq``) and a contiguous copy of the output; the SwiGLU MLP's gate,
-    up, SiLU(gate) and product; Qwen3's query / key norms (float32 input and normalised value)."""
+def norm_bytes(p: Precision, weight_trains: bool, output_read: bool) -> int:
+    """Bytes per element one RMSNorm saves (Qwen2RMSNorm upcasts): its input in float32 (for the square), the
+    normalised value in the stored dtype only when its weight trains, its output only when a trainable matmul
+    reads it (a frozen matmul needs its weight, not its input, for the input's gradient)."""
+    return 4 + (p.stored if weight_trains else 0) + (p.compute if output_read else 0)
+
+
+def decoder_layer_bytes(arch: Architecture, p: Precision, attention: str, seq: int,
+                        parts: TrainableParts = FULL) -> int:
+    """Bytes one decoder layer saves per token (no checkpointing): two RMSNorms (:func:`norm_bytes`) and their
+    1/rms; queries, keys and values as the attention kernel reads them (sdpa and eager repeat the key / value
+    heads to all query heads when a padding mask is passed, as mmrl always does; flash-attention reads the
+    grouped heads), the kernel's output and its log-sum-exp per head; eager attention also keeps the
+    probabilities (heads × ``seq``) and, for a trainable output projection, a contiguous copy of the output;
+    the SwiGLU MLP's gate, up, SiLU(gate), and the product when the down projection trains; LoRA's rank-r
+    intermediates; Qwen3's query / key norms (float32 input and normalised value)."""
     h, a, kv, d = arch.hidden, arch.heads, arch.kv_heads, arch.head_dim
+    trains = parts.linears
     repeat = attention in ("sdpa", "eager") and kv != a
     qkv = a * d + 2 * (a * d if repeat else kv * d)
-    compute = qkv + a * d + 4 * arch.intermediate
+    compute = qkv + a * d + (3 + ("down_proj" in trains)) * arch.intermediate + parts.adapter_rank * len(trains)
     if attention == "eager":
-        compute += a * seq + a * d
+        compute += a * seq + (a * d if "o_proj" in trains else 0)
     extra = (4 + p.stored) * (a + kv) * d if arch.qk_norm else 0
-    return 2 * p.norm * h + 4 * (2 + a) + p.compute * compute + extra
+    norms = (norm_bytes(p, parts.norms, bool(trains & {"q_proj", "k_proj", "v_proj"}))
+             + norm_bytes(p, parts.norms, bool(trains & {"gate_proj", "up_proj"}))) * h
+    return norms + 4 * (2 + a) + p.compute * compute + extra
 
 
 def vision_block_bytes(v: VisionArchitecture, p: Precision) -> int:
@@ -254,11 +266,12 @@ def state_terms(model: PlannedModel, parallel: Parallelism, ref_model: str) -> l
 
 
 def activation_terms(arch: Architecture, w: Workload, p: Precision, parallel: Parallelism, largest_layer: int,
-                     param_bytes: int) -> list[Term]:
+                     param_bytes: int, parts: TrainableParts = FULL) -> list[Term]:
     """The update micro-batch's saved activations and transient buffers."""
     rows, seq = w.update_rows, w.prompt_tokens + w.completion_tokens
     tokens = rows * seq
-    layer = decoder_layer_bytes(arch, p, w.attention, seq)
+    layer = decoder_layer_bytes(arch, p, w.attention, seq, parts)
+    final_norm = norm_bytes(p, parts.norms, parts.lm_head) * arch.hidden + 4
     if w.gradient_checkpointing:
         saved = arch.layers * p.stored * arch.hidden * tokens
         how = f"checkpointed: {arch.layers} layer inputs × {arch.hidden} × {p.stored} B × {tokens:,} tokens"
@@ -267,9 +280,9 @@ def activation_terms(arch: Architecture, w: Workload, p: Precision, parallel: Pa
         how = f"{arch.layers} layers × {layer:,} B/token × {rows} rows × {seq} tokens"
     terms = [Term("activations: decoder", "update", saved, how)]
     if w.gradient_checkpointing:  # the rotary tables and the mask reach the layers as arguments: not saved
-        terms.append(Term("activations: final norm", "update", (p.norm * arch.hidden + 4) * tokens, "final RMSNorm"))
+        terms.append(Term("activations: final norm", "update", final_norm * tokens, "final RMSNorm"))
     else:
-        tables = (p.norm * arch.hidden + 4 + 2 * arch.head_dim * p.stored) * tokens
+        tables = (final_norm + 2 * arch.head_dim * p.stored) * tokens
         mask = 0 if w.attention == "flash_attention_2" else 2 * rows * seq * seq * p.stored
         terms.append(Term("activations: final norm, rotary tables, mask", "update", tables + mask,
                           "final RMSNorm, cos / sin" + ("" if not mask else f", 2 float masks of {rows} × {seq}²")))
@@ -277,7 +290,7 @@ def activation_terms(arch: Architecture, w: Workload, p: Precision, parallel: Pa
     terms.append(Term("activations: log-softmax", "update", LOGSOFTMAX_BYTES * logits,
                       f"{LOGSOFTMAX_BYTES} B × {rows} rows × {w.completion_tokens} tokens × {arch.vocab:,} vocab"))
     recompute = 0
-    if arch.vision is not None and w.patches_per_row:
+    if arch.vision is not None and w.patches_per_row and parts.vision:  # a frozen tower saves nothing
         v, patches = arch.vision, rows * w.patches_per_row
         block = vision_block_bytes(v, p)
         per_block = p.stored * v.hidden if w.gradient_checkpointing else block
@@ -328,7 +341,8 @@ def plan_memory(cfg: TrainConfig, recipe: str, model: PlannedModel, parallel: Pa
     if arch is not None:
         param_bytes = 4 if model.param_dtype == "float32" else 2
         precision = precision_of(model.param_dtype, mixed)
-        terms += activation_terms(arch, workload, precision, parallel, model.counts.largest_layer, param_bytes)
+        terms += activation_terms(arch, workload, precision, parallel, model.counts.largest_layer, param_bytes,
+                                  model.trainable)
         if getattr(cfg.policy.args, "sampler", "hf") == "vllm":
             vllm = cfg.policy.args.vllm
             terms.append(Term("vLLM engine", "persistent", int(vllm.gpu_memory_utilization * gpu_gib * GIB),

@@ -90,6 +90,39 @@ class RowShape:
     source: str
 
 
+DECODER_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class TrainableParts:
+    """Which parts of the model train: a frozen matmul does not keep its input for the backward pass, so
+    LoRA (frozen base, adapters on some projections) saves fewer activations than full fine-tuning."""
+
+    linears: frozenset[str]
+    """Decoder projections (:data:`DECODER_LINEARS`) with trainable parameters, own or adapters."""
+    norms: bool
+    """The decoder's RMSNorm weights."""
+    lm_head: bool
+    vision: bool
+    """Any vision-tower parameter."""
+    adapter_rank: int
+    """LoRA rank (0: no adapters)."""
+
+
+FULL = TrainableParts(frozenset(DECODER_LINEARS), True, True, True, 0)
+
+
+def trainable_parts(model: torch.nn.Module, adapter_rank: int) -> TrainableParts:
+    """What trains in ``model`` (a transformers model, possibly under peft), read from ``requires_grad``."""
+    layer = next(m for m in model.modules() if type(m).__name__.endswith("DecoderLayer"))
+    linears = frozenset(name.rsplit(".", 1)[-1] for name, m in layer.named_modules()
+                        if name.rsplit(".", 1)[-1] in DECODER_LINEARS and any(p.requires_grad for p in m.parameters()))
+    named = list(model.named_parameters())
+    trains = lambda *keys: any(p.requires_grad for n, p in named if any(k in n for k in keys))  # noqa: E731
+    return TrainableParts(linears, trains("layernorm"), trains("lm_head", "embed_tokens"), trains("visual."),
+                          adapter_rank)
+
+
 @dataclass(frozen=True)
 class PlannedModel:
     """What the planner knows about a recipe's policy without its weights."""
@@ -100,6 +133,7 @@ class PlannedModel:
     """None for policies whose activations are not planned (vla, candidate_scorer)."""
     param_dtype: str
     rows: RowShape | None
+    trainable: TrainableParts = FULL
 
 
 def count_parameters(model: torch.nn.Module) -> ParameterCount:
@@ -225,7 +259,8 @@ def _causal_lm(cfg: TrainConfig, model_config: str | None, seed_examples: int) -
         lengths = [len(policy.tokenizer(prompt_text(ex), add_special_tokens=False)["input_ids"])
                    for ex in _examples(cfg, seed_examples)]
         rows = RowShape(max(lengths), 0, f"longest of {seed_examples} training prompts")
-    return PlannedModel("causal_lm", count_parameters(trained), architecture_of(config), args.dtype, rows)
+    return PlannedModel("causal_lm", count_parameters(trained), architecture_of(config), args.dtype, rows,
+                        trainable_parts(model, args.lora_rank))
 
 
 def _vlm(cfg: TrainConfig, model_config: str | None, seed_examples: int) -> PlannedModel:
@@ -252,7 +287,9 @@ def _vlm(cfg: TrainConfig, model_config: str | None, seed_examples: int) -> Plan
         model = AutoModelForImageTextToText.from_config(config, dtype=dtype)
     architecture = architecture_of(config)
     rows = _vlm_rows(cfg, model, processor, architecture, seed_examples)
-    return PlannedModel("vlm", count_parameters(_with_lora(model, args)), architecture, args.dtype, rows)
+    model = _with_lora(model, args)
+    return PlannedModel("vlm", count_parameters(model), architecture, args.dtype, rows,
+                        trainable_parts(model, args.lora_rank))
 
 
 def _vlm_rows(cfg: TrainConfig, model: torch.nn.Module, processor: Any, architecture: Architecture,
