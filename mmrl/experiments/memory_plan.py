@@ -141,7 +141,7 @@ def decoder_layer_bytes(arch: Architecture, p: Precision, attention: str, seq: i
     the SwiGLU MLP's gate, up, SiLU(gate), and the product when the down projection trains; LoRA's rank-r
     intermediates; Qwen3's query / key norms (float32 input and normalised value)."""
     h, a, kv, d = arch.hidden, arch.heads, arch.kv_heads, arch.head_dim
-    trains = parts.linears
+    trains = set(parts.linears)
     repeat = attention in ("sdpa", "eager") and kv != a
     qkv = a * d + 2 * (a * d if repeat else kv * d)
     compute = qkv + a * d + (3 + ("down_proj" in trains)) * arch.intermediate + parts.adapter_rank * len(trains)

@@ -98,7 +98,7 @@ class TrainableParts:
     """Which parts of the model train: a frozen matmul does not keep its input for the backward pass, so
     LoRA (frozen base, adapters on some projections) saves fewer activations than full fine-tuning."""
 
-    linears: frozenset[str]
+    linears: tuple[str, ...]
     """Decoder projections (:data:`DECODER_LINEARS`) with trainable parameters, own or adapters."""
     norms: bool
     """The decoder's RMSNorm weights."""
@@ -109,14 +109,14 @@ class TrainableParts:
     """LoRA rank (0: no adapters)."""
 
 
-FULL = TrainableParts(frozenset(DECODER_LINEARS), True, True, True, 0)
+FULL = TrainableParts(DECODER_LINEARS, True, True, True, 0)
 
 
 def trainable_parts(model: torch.nn.Module, adapter_rank: int) -> TrainableParts:
     """What trains in ``model`` (a transformers model, possibly under peft), read from ``requires_grad``."""
     layer = next(m for m in model.modules() if type(m).__name__.endswith("DecoderLayer"))
-    linears = frozenset(name.rsplit(".", 1)[-1] for name, m in layer.named_modules()
-                        if name.rsplit(".", 1)[-1] in DECODER_LINEARS and any(p.requires_grad for p in m.parameters()))
+    trained = {name.rsplit(".", 1)[-1] for name, m in layer.named_modules() if any(p.requires_grad for p in m.parameters())}
+    linears = tuple(name for name in DECODER_LINEARS if name in trained)
     named = list(model.named_parameters())
     trains = lambda *keys: any(p.requires_grad for n, p in named if any(k in n for k in keys))  # noqa: E731
     return TrainableParts(linears, trains("layernorm"), trains("lm_head", "embed_tokens"), trains("visual."),
