@@ -369,14 +369,17 @@ def format_plan(plan: MemoryPlan) -> str:
         lines.append(f"update micro-batch {w.update_rows} rows × ({w.prompt_tokens} prompt + {w.completion_tokens} "
                      f"completion) tokens, {w.patches_per_row} image patches/row, generation {w.generation_rows} rows, "
                      f"gradient checkpointing {'on' if w.gradient_checkpointing else 'off'} ({w.rows_source})")
+    else:
+        lines.append(f"activations and generation are not planned for the {m.policy} policy (parameters only)")
     unit, label = (GIB, "GiB/GPU") if plan.peak >= GIB else (MIB, "MiB/GPU")
-    width = max(len(t.name) for t in plan.terms)
+    peak_label = "peak (persistent + larger phase)"
+    width = max(len(peak_label), *(len(t.name) for t in plan.terms))
     lines.append(f"{'term':<{width}}  {'phase':<10}  {label:>9}  how")
     lines += [f"{t.name:<{width}}  {t.phase:<10}  {in_unit(t.bytes, unit):>9}  {t.how}" for t in plan.terms]
     for phase in ("persistent", "update", "generation"):
         lines.append(f"{'total ' + phase:<{width}}  {'':<10}  {in_unit(plan.phase(phase), unit):>9}")
     headroom = plan.gpu_gib - plan.peak / GIB
-    lines.append(f"{'peak (persistent + larger phase)':<{width}}  {'':<10}  {in_unit(plan.peak, unit):>9}")
+    lines.append(f"{peak_label:<{width}}  {'':<10}  {in_unit(plan.peak, unit):>9}")
     lines.append(f"fits in {plan.gpu_gib:g} GiB: {'yes' if plan.fits else 'no'} "
                  f"({'headroom' if plan.fits else 'short by'} {abs(headroom):,.2f} GiB)")
     return "\n".join(lines)
