@@ -224,7 +224,7 @@ class MemoryPlan:
         return data
 
 
-def workload_of(cfg: TrainConfig, model: PlannedModel, parallel: Parallelism, rows: RowShape) -> Workload:
+def workload_of(cfg: TrainConfig, parallel: Parallelism, rows: RowShape) -> Workload:
     """Update and generation rows on one process, from the recipe's batch settings."""
     r, t, args = cfg.rollout, cfg.trainer, cfg.policy.args
     process_rows = max(r.prompts_per_step // parallel.processes, 1) * r.group_size
@@ -337,7 +337,7 @@ def plan_memory(cfg: TrainConfig, recipe: str, model: PlannedModel, parallel: Pa
     arch, rows = model.architecture, rows or model.rows
     if arch is not None and (rows is None or rows.prompt_tokens < 1):
         raise ConfigError("the prompt length is unknown (no tokenizer with the model config): pass --prompt-tokens")
-    workload = workload_of(cfg, model, parallel, rows or RowShape(0, 0, "not planned for this policy"))
+    workload = workload_of(cfg, parallel, rows or RowShape(0, 0, "not planned for this policy"))
     if arch is not None:
         param_bytes = 4 if model.param_dtype == "float32" else 2
         precision = precision_of(model.param_dtype, mixed)
