@@ -5,6 +5,10 @@ top-p, stop on EOS, ``max_new_tokens``. Behaviour log-probs come from the *raw* 
 (``output_logits``, not the processed ``output_scores``) through
 :func:`mmrl.policies.tokens.token_logprobs`, the same function the re-scoring forward uses, with the
 same temperature and suppressed ids, so on-policy ratios are 1.
+
+With ``group_size`` > 1 each prompt is read once: its prefill runs on the distinct prompts and the
+KV cache is expanded to the group (:func:`mmrl.policies.shared_prefix.prefill_for_generation`);
+the random draws are the same as when every row is prefilled, so a seed gives the same samples.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from torch import nn
 from torch.nn import functional as F
 from transformers import GenerationConfig
 
+from mmrl.policies.shared_prefix import prefill_for_generation
 from mmrl.policies.tokens import completion_mask_from_eos, token_logprobs
 from mmrl.core.rollout import SamplingParams
 from mmrl.samplers.tokens import Completions, TokenRules, VisionPrompts
@@ -27,19 +32,22 @@ class HFGenerateSampler:
 
     @torch.no_grad()
     def sample(self, model: nn.Module, prompts: VisionPrompts, sampling: SamplingParams, rules: TokenRules,
-               seed: int, policy_version: int) -> Completions:
+               seed: int, policy_version: int, group_size: int = 1) -> Completions:
+        if group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {group_size}")
         device = rules.suppressed.device
-        rows = prompts.num_rows
-        size = self.max_batch_rows or rows
+        count = prompts.num_rows
+        # Chunks of whole groups, at most max_batch_rows rows each (at least one group).
+        per_chunk = max(1, self.max_batch_rows // group_size) if self.max_batch_rows else count
         was_training = model.training
         model.eval()
         ids, logps = [], []
         # generate draws from the global RNG (CUDA's on a GPU): fork it, seed it once, restore it.
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             torch.manual_seed(seed)
-            for start in range(0, rows, size):
-                chunk = prompts.select(torch.arange(start, min(start + size, rows))).to(device)
-                chunk_ids, chunk_logp = self._generate(model, chunk, sampling, rules)
+            for start in range(0, count, per_chunk):
+                chunk = prompts.select(torch.arange(start, min(start + per_chunk, count))).to(device)
+                chunk_ids, chunk_logp = self._generate(model, chunk, group_size, sampling, rules)
                 ids.append(chunk_ids)
                 logps.append(chunk_logp)
         model.train(was_training)
@@ -51,8 +59,9 @@ class HFGenerateSampler:
         return Completions(completion_ids, mask, logp * mask, policy_version)
 
     @staticmethod
-    def _generate(model: nn.Module, prompts: VisionPrompts, sampling: SamplingParams,
+    def _generate(model: nn.Module, prompts: VisionPrompts, group_size: int, sampling: SamplingParams,
                   rules: TokenRules) -> tuple[torch.Tensor, torch.Tensor]:
+        """``group_size`` completions of each prompt row, prompt-major."""
         greedy = sampling.temperature == 0
         # An explicit neutral generation config: a checkpoint's generation_config.json (top_k,
         # repetition penalty, ...) would otherwise change the sampling distribution silently.
@@ -61,10 +70,13 @@ class HFGenerateSampler:
             eos_token_id=list(rules.eos_ids), suppress_tokens=rules.suppressed.tolist() or None,
             output_logits=True, return_dict_in_generate=True,
             **({} if greedy else {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": 0}))
-        out = model.generate(input_ids=prompts.input_ids, attention_mask=prompts.attention_mask,
-                             mm_token_type_ids=prompts.mm_token_type_ids, generation_config=config,
-                             **prompts.vision_inputs())
-        completion_ids = out.sequences[:, prompts.input_ids.shape[1]:]  # [n, T]
+        prefilled = prefill_for_generation(model, prompts, group_size) if group_size > 1 else None
+        rows = prompts.select(torch.arange(prompts.num_rows).repeat_interleave(group_size)) if group_size > 1 else prompts
+        # Prefilled: the cache holds the prompts (images included); otherwise generate reads every row's.
+        inputs = prefilled if prefilled is not None else rows.vision_inputs()
+        out = model.generate(input_ids=rows.input_ids, attention_mask=rows.attention_mask,
+                             mm_token_type_ids=rows.mm_token_type_ids, generation_config=config, **inputs)
+        completion_ids = out.sequences[:, rows.input_ids.shape[1]:]  # [n, T]
         logits = torch.stack(out.logits, dim=1)  # [n, T, V] raw logits (before processors)
         mask = completion_mask_from_eos(completion_ids, rules.eos_ids)  # [n, T]: tokens up to the first EOS
         logp, _ = token_logprobs(logits, completion_ids, sampling.temperature, rules.suppressed, mask)
