@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -41,9 +41,9 @@ from mmrl.core.config import ConfigError
 from mmrl.core.contracts import (IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER, Policy, PolicyOutput, VideoPrompt,
                                  answer_prefix_of, turns_of)
 from mmrl.policies.lora import BASE_FOLDER, add_lora, load_lora_weights
+from mmrl.policies.shared_prefix import can_share, prompt_positions, score_logits
 from mmrl.policies.tokens import positions_from_mask, token_logprobs
 from mmrl.core.rollout import Rollout, SamplingParams
-from mmrl.samplers.hf_generate import HFGenerateSampler
 from mmrl.samplers.tokens import CompletionSampler, Completions, TokenRules, VisionPrompts
 
 PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
@@ -114,23 +114,34 @@ class VLMConfig:
 
 @dataclass(frozen=True)
 class VLMPayload:
-    """Prompt rows (with their images) and completions. Satisfies :class:`mmrl.core.rollout.Payload`."""
+    """Prompts (with their images) and completions. Satisfies :class:`mmrl.core.rollout.Payload`.
 
-    prompts: VisionPrompts
+    ``prompts`` holds each distinct prompt once (a group's G rows share one: its images are stored and
+    encoded once); row n's completion continues prompt ``prompt_of_row[n]``."""
+
+    prompts: VisionPrompts  # [U] distinct prompt rows
+    prompt_of_row: Tensor  # [N] long: the prompt row each completion continues
     completion_ids: Tensor  # [N, T] long, right-padded
     completion_mask: Tensor  # [N, T] long {0,1}
     temperature: Tensor  # [N] float32: each row's sampling temperature (rows at different ones concatenate)
 
+    def row_prompts(self) -> VisionPrompts:
+        """The prompts repeated to one per completion row (how a row-by-row forward reads them)."""
+        return self.prompts.select(self.prompt_of_row)
+
     def select(self, index: Tensor) -> VLMPayload:
         index = index.long()
-        return VLMPayload(self.prompts.select(index), self.completion_ids[index], self.completion_mask[index],
-                          self.temperature[index])
+        kept, prompt_of_row = torch.unique(self.prompt_of_row[index], return_inverse=True)
+        return VLMPayload(self.prompts.select(kept), prompt_of_row, self.completion_ids[index],
+                          self.completion_mask[index], self.temperature[index])
 
     @classmethod
     def concat(cls, parts: Sequence[VLMPayload]) -> VLMPayload:
         t_max = max(p.completion_ids.shape[1] for p in parts)
         pad = parts[0].prompts.pad_id
+        offsets = np.cumsum([0] + [p.prompts.num_rows for p in parts[:-1]])
         return cls(VisionPrompts.concat([p.prompts for p in parts]),
+                   torch.cat([p.prompt_of_row + int(offset) for p, offset in zip(parts, offsets)]),
                    torch.cat([F.pad(p.completion_ids, (0, t_max - p.completion_ids.shape[1]), value=pad) for p in parts]),
                    torch.cat([F.pad(p.completion_mask, (0, t_max - p.completion_mask.shape[1])) for p in parts]),
                    torch.cat([p.temperature for p in parts]))
@@ -340,12 +351,14 @@ class VLMPolicy(Policy):
             if counted != placed:
                 raise RuntimeError(f"image tokens counted {counted} != placed by the processor {placed}")
         dtype = next(self.model.parameters()).dtype
-        return VisionPrompts(
+        prompts = VisionPrompts(
             input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
             mm_token_type_ids=enc["mm_token_type_ids"].long(),
             pixel_values=enc["pixel_values"].to(dtype) if flat else None,
             image_grid_thw=grid, images_per_row=images_per_row, pad_id=tokenizer.pad_token_id,
             texts=tuple(texts), images=tuple(resized), **self.video_fields(enc, clips, dtype))
+        # The 3-D positions once per prompt, here: sampling and every update pass reuse them.
+        return replace(prompts, position_ids=prompt_positions(self.model, prompts))
 
     def check_prompt_length(self, index: int, text: str, images: Sequence[Any], videos: Sequence[Tensor]) -> None:
         """Text + image + video tokens of one templated prompt against ``max_prompt_tokens``, before tokenising."""
@@ -384,6 +397,9 @@ class VLMPolicy(Policy):
     def sampler(self) -> CompletionSampler:
         if self._sampler is None:
             if self.cfg.sampler == "hf":
+                # Imported here: the sampler module imports this package's token helpers (an import cycle).
+                from mmrl.samplers.hf_generate import HFGenerateSampler
+
                 self._sampler = HFGenerateSampler(self.cfg.generation_batch_rows)
             else:
                 from mmrl.samplers.vllm import VLLMSampler  # vLLM is imported only here, on demand
@@ -447,26 +463,44 @@ class VLMPolicy(Policy):
     def rollout(self, examples: Sequence[Any], group_size: int, sampling: SamplingParams, seed: int) -> Rollout:
         prompts = self.encode(examples)
         rows = torch.arange(len(examples)).repeat_interleave(group_size)
-        prompts = prompts.select(rows)
-        completions = self.sampler.sample(self.model, prompts, sampling, self.rules, seed, self.version)
+        completions = self.sampler.sample(self.model, prompts, sampling, self.rules, seed, self.version, group_size)
         completions = self.end_at_disallowed(completions)
         ids, mask = completions.ids.cpu(), completions.mask.cpu()
         texts = self.processor.tokenizer.batch_decode(ids.masked_fill(mask == 0, self.rules.pad_id),
                                                       skip_special_tokens=True)
-        payload = VLMPayload(prompts, ids, mask, torch.full((len(rows),), sampling.temperature, dtype=torch.float32))
+        payload = VLMPayload(prompts, rows.clone(), ids, mask,
+                             torch.full((len(rows),), sampling.temperature, dtype=torch.float32))
         return Rollout(logp=(completions.logp.cpu().float() * mask), mask=mask.float(), group_id=rows.clone(),
                        example_index=rows, outputs=texts, payload=payload, policy_version=completions.policy_version,
                        stats=dict(completions.stats))
 
     # -- scoring ---------------------------------------------------------------------------------
-    def score(self, payload: VLMPayload, with_entropy: bool = False, with_token_types: bool = True) -> PolicyOutput:
+    def score(self, payload: VLMPayload, with_entropy: bool = False, with_token_types: bool = True,
+              shared_prefix: bool = True) -> PolicyOutput:
         """Log-probs of the completions under the current weights ([N, T], with gradients).
 
-        ``with_token_types=False`` drops ``mm_token_type_ids`` (the bug the tests demonstrate).
+        Each distinct prompt is run once and its cache shared by its rows (:mod:`mmrl.policies.shared_prefix`);
+        ``shared_prefix=False`` runs every row's prompt (the plain forward the tests compare against), as
+        does gradient checkpointing. ``with_token_types=False`` drops ``mm_token_type_ids`` from the plain
+        forward (the bug the tests demonstrate).
         """
         device = self.suppressed.device
-        prompts = payload.prompts.to(device)
         completion_ids, completion_mask = payload.completion_ids.to(device), payload.completion_mask.to(device)
+        prompts = payload.prompts.to(device)
+        shared = prompts.num_rows < len(payload.prompt_of_row)  # some prompt continues in several rows
+        if shared and shared_prefix and with_token_types and can_share(self.model, prompts):
+            logits = score_logits(self.model, prompts, payload.prompt_of_row.to(device), completion_ids,
+                                  completion_mask)
+        else:
+            logits = self.plain_logits(prompts.select(payload.prompt_of_row), completion_ids, completion_mask,
+                                       with_token_types)
+        mask = completion_mask.float()
+        logp, entropy = token_logprobs(logits, completion_ids, payload.temperature, self.suppressed, mask, with_entropy)
+        return PolicyOutput(logp=logp * mask, entropy=None if entropy is None else entropy * mask)
+
+    def plain_logits(self, prompts: VisionPrompts, completion_ids: Tensor, completion_mask: Tensor,
+                     with_token_types: bool = True) -> Tensor:
+        """[N, T, V] logits predicting each completion token from one forward over every row's prompt + completion."""
         input_ids = torch.cat([prompts.input_ids, completion_ids], 1)
         attention = torch.cat([prompts.attention_mask, completion_mask], 1)
         inputs: dict[str, Any] = prompts.vision_inputs()
@@ -479,10 +513,7 @@ class VLMPolicy(Policy):
         t = completion_ids.shape[1]
         out = self.model(input_ids=input_ids, attention_mask=attention, use_cache=False, logits_to_keep=t + 1, **inputs)
         # Position i predicts token i + 1: the last T + 1 positions' first T predict the completion.
-        mask = completion_mask.float()
-        logp, entropy = token_logprobs(out.logits[:, :-1], completion_ids, payload.temperature, self.suppressed,
-                                       mask, with_entropy)
-        return PolicyOutput(logp=logp * mask, entropy=None if entropy is None else entropy * mask)
+        return out.logits[:, :-1]
 
     def forward(self, rollout: Rollout, with_entropy: bool = False) -> PolicyOutput:
         return self.score(rollout.payload, with_entropy)
@@ -502,7 +533,7 @@ class VLMPolicy(Policy):
         eos = tokenizer.convert_ids_to_tokens(self.eos_ids[0])
         enc = tokenizer([t + eos for t in texts], padding=True, padding_side="right", return_tensors="pt",
                         add_special_tokens=False)
-        return VLMPayload(self.encode(examples), enc["input_ids"], enc["attention_mask"],
+        return VLMPayload(self.encode(examples), torch.arange(len(examples)), enc["input_ids"], enc["attention_mask"],
                           torch.full((len(examples),), temperature, dtype=torch.float32))
 
     @torch.no_grad()

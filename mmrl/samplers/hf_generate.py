@@ -1,10 +1,16 @@
 """Hugging Face ``generate`` as a :class:`~mmrl.samplers.tokens.CompletionSampler` (CPU and GPU).
 
 KV cache, batched (in chunks of at most ``max_batch_rows`` rows: bounded memory), temperature and
-top-p, stop on EOS, ``max_new_tokens``. Behaviour log-probs come from the *raw* logits
-(``output_logits``, not the processed ``output_scores``) through
-:func:`mmrl.policies.tokens.token_logprobs`, the same function the re-scoring forward uses, with the
-same temperature and suppressed ids, so on-policy ratios are 1.
+top-p, stop on EOS, ``max_new_tokens``. One logits processor (:class:`BehaviourLogprobs`) turns the
+model's raw logits into the sampling distribution (temperature, suppressed ids, top-p) and records
+each sampled token's log-prob under the tempered distribution with the suppressed ids removed — what
+:func:`mmrl.policies.tokens.token_logprobs` gives the re-scoring forward, so on-policy ratios are 1.
+It keeps one step's logits at a time: keeping every step's (``output_logits``) costs rows × new
+tokens × vocabulary floats, 74 GiB at 64 rows × 2048 tokens of a 152 k vocabulary.
+
+With ``group_size`` > 1 each prompt is read once: its prefill runs on the distinct prompts and the
+KV cache is expanded to the group (:func:`mmrl.policies.shared_prefix.prefill_for_generation`);
+the random draws are the same as when every row is prefilled, so a seed gives the same samples.
 """
 
 from __future__ import annotations
@@ -12,9 +18,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.nn import functional as F
-from transformers import GenerationConfig
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, TopPLogitsWarper
 
-from mmrl.policies.tokens import completion_mask_from_eos, token_logprobs
+from mmrl.policies.shared_prefix import prefill_for_generation
+from mmrl.policies.tokens import completion_mask_from_eos
 from mmrl.core.rollout import SamplingParams
 from mmrl.samplers.tokens import Completions, TokenRules, VisionPrompts
 
@@ -27,19 +34,22 @@ class HFGenerateSampler:
 
     @torch.no_grad()
     def sample(self, model: nn.Module, prompts: VisionPrompts, sampling: SamplingParams, rules: TokenRules,
-               seed: int, policy_version: int) -> Completions:
+               seed: int, policy_version: int, group_size: int = 1) -> Completions:
+        if group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {group_size}")
         device = rules.suppressed.device
-        rows = prompts.num_rows
-        size = self.max_batch_rows or rows
+        count = prompts.num_rows
+        # Chunks of whole groups, at most max_batch_rows rows each (at least one group).
+        per_chunk = max(1, self.max_batch_rows // group_size) if self.max_batch_rows else count
         was_training = model.training
         model.eval()
         ids, logps = [], []
         # generate draws from the global RNG (CUDA's on a GPU): fork it, seed it once, restore it.
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             torch.manual_seed(seed)
-            for start in range(0, rows, size):
-                chunk = prompts.select(torch.arange(start, min(start + size, rows))).to(device)
-                chunk_ids, chunk_logp = self._generate(model, chunk, sampling, rules)
+            for start in range(0, count, per_chunk):
+                chunk = prompts.select(torch.arange(start, min(start + per_chunk, count))).to(device)
+                chunk_ids, chunk_logp = self._generate(model, chunk, group_size, sampling, rules)
                 ids.append(chunk_ids)
                 logps.append(chunk_logp)
         model.train(was_training)
@@ -51,21 +61,62 @@ class HFGenerateSampler:
         return Completions(completion_ids, mask, logp * mask, policy_version)
 
     @staticmethod
-    def _generate(model: nn.Module, prompts: VisionPrompts, sampling: SamplingParams,
+    def _generate(model: nn.Module, prompts: VisionPrompts, group_size: int, sampling: SamplingParams,
                   rules: TokenRules) -> tuple[torch.Tensor, torch.Tensor]:
+        """``group_size`` completions of each prompt row, prompt-major."""
         greedy = sampling.temperature == 0
-        # An explicit neutral generation config: a checkpoint's generation_config.json (top_k,
-        # repetition penalty, ...) would otherwise change the sampling distribution silently.
-        config = GenerationConfig(
-            do_sample=not greedy, max_new_tokens=sampling.max_new_tokens, pad_token_id=rules.pad_id,
-            eos_token_id=list(rules.eos_ids), suppress_tokens=rules.suppressed.tolist() or None,
-            output_logits=True, return_dict_in_generate=True,
-            **({} if greedy else {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": 0}))
-        out = model.generate(input_ids=prompts.input_ids, attention_mask=prompts.attention_mask,
-                             mm_token_type_ids=prompts.mm_token_type_ids, generation_config=config,
-                             **prompts.vision_inputs())
-        completion_ids = out.sequences[:, prompts.input_ids.shape[1]:]  # [n, T]
-        logits = torch.stack(out.logits, dim=1)  # [n, T, V] raw logits (before processors)
+        # An explicit neutral generation config (temperature 1, no top-k / top-p / suppression: the one
+        # processor below does all of it): a checkpoint's generation_config.json (top_k, repetition
+        # penalty, ...) would otherwise change the sampling distribution silently.
+        config = GenerationConfig(do_sample=not greedy, max_new_tokens=sampling.max_new_tokens,
+                                  pad_token_id=rules.pad_id, eos_token_id=list(rules.eos_ids),
+                                  return_dict_in_generate=True,
+                                  **({} if greedy else {"temperature": 1.0, "top_p": 1.0, "top_k": 0}))
+        behaviour = BehaviourLogprobs(sampling.temperature, sampling.top_p, rules.suppressed)
+        prefilled = prefill_for_generation(model, prompts, group_size) if group_size > 1 else None
+        rows = prompts.select(torch.arange(prompts.num_rows).repeat_interleave(group_size)) if group_size > 1 else prompts
+        # Prefilled: the cache holds the prompts (images included); otherwise generate reads every row's.
+        inputs = prefilled if prefilled is not None else rows.vision_inputs()
+        out = model.generate(input_ids=rows.input_ids, attention_mask=rows.attention_mask,
+                             mm_token_type_ids=rows.mm_token_type_ids, generation_config=config,
+                             logits_processor=LogitsProcessorList([behaviour]), **inputs)
+        completion_ids = out.sequences[:, rows.input_ids.shape[1]:]  # [n, T]
         mask = completion_mask_from_eos(completion_ids, rules.eos_ids)  # [n, T]: tokens up to the first EOS
-        logp, _ = token_logprobs(logits, completion_ids, sampling.temperature, rules.suppressed, mask)
-        return completion_ids, logp
+        logp = behaviour.finish(completion_ids[:, -1])
+        return completion_ids, torch.where(mask > 0, logp, torch.zeros_like(logp))
+
+
+class BehaviourLogprobs(LogitsProcessor):
+    """The only logits processor of a ``generate`` call: raw logits → the sampling distribution
+    (÷ τ, suppressed ids at −inf, then top-p), recording the log-prob of each sampled token under the
+    tempered distribution with the suppressed ids removed (no top-p cut: the distribution re-scoring
+    uses). τ = 0 (greedy) scores under τ = 1, as :func:`mmrl.policies.tokens.token_logprobs` does.
+
+    Step t's call sees the token sampled at step t − 1 (the last column of ``input_ids``) and scores it
+    against the logits of step t − 1, kept until then; :meth:`finish` scores the last step's token."""
+
+    def __init__(self, temperature: float, top_p: float, suppressed: torch.Tensor):
+        self.tau = temperature if temperature > 0 else 1.0
+        self.top_p = TopPLogitsWarper(top_p) if 0 < temperature and top_p < 1.0 else None
+        self.suppressed = suppressed
+        self.logps: list[torch.Tensor] = []
+        self.previous: tuple[torch.Tensor, torch.Tensor] | None = None  # (tempered logits, log-normaliser)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.previous is not None:
+            self.record(input_ids[:, -1])
+        x = scores.float() / self.tau
+        if self.suppressed.numel():
+            x.index_fill_(-1, self.suppressed.to(x.device), float("-inf"))
+        self.previous = (x, torch.logsumexp(x, dim=-1))
+        return x if self.top_p is None else self.top_p(input_ids, x.clone())
+
+    def record(self, tokens: torch.Tensor) -> None:
+        x, normaliser = self.previous
+        self.logps.append(x.gather(-1, tokens[:, None]).squeeze(-1) - normaliser)
+
+    def finish(self, last_tokens: torch.Tensor) -> torch.Tensor:
+        """[n, T] log-probs of every step's token (pad after a row's end: the caller masks it)."""
+        self.record(last_tokens)
+        self.previous = None
+        return torch.stack(self.logps, dim=1)

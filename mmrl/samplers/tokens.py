@@ -58,6 +58,7 @@ class VisionPrompts:
     pixel_values_videos: Tensor | None = None  # [video patches, D] float, all videos of all rows in row order
     video_grid_thw: Tensor | None = None  # [num_videos, 3] long (t, h, w) in patches
     second_per_grid_ts: Tensor | None = None  # [num_videos] float; None where the processor gives none (Qwen2-VL, Qwen3-VL)
+    position_ids: Tensor | None = None  # [3, N, P] long: the prompt tokens' (m)RoPE positions, computed once per prompt
 
     @property
     def num_rows(self) -> int:
@@ -85,7 +86,9 @@ class VisionPrompts:
             image_grid_thw=self.image_grid_thw[image_index] if has_images else None,
             images_per_row=self.images_per_row[index], pad_id=self.pad_id,
             texts=tuple(self.texts[i] for i in index.tolist()) if self.texts else (),
-            images=tuple(self.images[i] for i in index.tolist()) if self.images else (), **videos)
+            images=tuple(self.images[i] for i in index.tolist()) if self.images else (),
+            position_ids=None if self.position_ids is None else self.position_ids[:, index.to(self.position_ids.device)],
+            **videos)
 
     @classmethod
     def concat(cls, parts: Sequence[VisionPrompts]) -> VisionPrompts:
@@ -94,7 +97,7 @@ class VisionPrompts:
         pad = parts[0].pad_id
 
         def left(x: Tensor, value: int) -> Tensor:
-            return F.pad(x, (p_max - x.shape[1], 0), value=value)
+            return F.pad(x, (p_max - x.shape[-1], 0), value=value)
 
         with_images = [p for p in parts if p.image_grid_thw is not None]
         return cls(
@@ -106,6 +109,8 @@ class VisionPrompts:
             images_per_row=torch.cat([p.images_per_row for p in parts]), pad_id=pad,
             texts=tuple(t for p in parts for t in p.texts) if all(p.texts for p in parts) else (),
             images=tuple(i for p in parts for i in p.images) if all(p.images for p in parts) else (),
+            position_ids=torch.cat([left(p.position_ids, 0) for p in parts], 1)
+            if all(p.position_ids is not None for p in parts) else None,
             **concat_videos(parts))
 
     def to(self, device: torch.device | str) -> VisionPrompts:
@@ -115,7 +120,8 @@ class VisionPrompts:
         return replace(self, input_ids=self.input_ids.to(device), attention_mask=self.attention_mask.to(device),
                        mm_token_type_ids=self.mm_token_type_ids.to(device), pixel_values=move(self.pixel_values),
                        image_grid_thw=move(self.image_grid_thw), pixel_values_videos=move(self.pixel_values_videos),
-                       video_grid_thw=move(self.video_grid_thw), second_per_grid_ts=move(self.second_per_grid_ts))
+                       video_grid_thw=move(self.video_grid_thw), second_per_grid_ts=move(self.second_per_grid_ts),
+                       position_ids=move(self.position_ids))
 
     def vision_inputs(self) -> dict[str, Tensor]:
         """The model's keyword inputs for the images and videos these rows hold (none for text-only rows)."""
@@ -167,6 +173,7 @@ class CompletionSampler(Protocol):
     """Draws completions for prompt rows; all randomness from ``seed``."""
 
     def sample(self, model: nn.Module, prompts: VisionPrompts, sampling: SamplingParams, rules: TokenRules,
-               seed: int, policy_version: int) -> Completions:
-        """``policy_version`` is the version of ``model``'s weights; an engine holding its own copy
-        of the weights (vLLM) syncs them first when its copy is older."""
+               seed: int, policy_version: int, group_size: int = 1) -> Completions:
+        """``group_size`` completions per prompt row, prompt-major (rows ``r·G … r·G + G − 1`` continue prompt
+        ``r``), so a sampler can read each prompt once. ``policy_version`` is the version of ``model``'s
+        weights; an engine holding its own copy of the weights (vLLM) syncs them first when its copy is older."""

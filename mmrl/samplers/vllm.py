@@ -83,8 +83,11 @@ class VLLMSampler:
 
     @torch.no_grad()
     def sample(self, model: nn.Module, prompts: VisionPrompts, sampling: SamplingParams, rules: TokenRules,
-               seed: int, policy_version: int) -> Completions:
+               seed: int, policy_version: int, group_size: int = 1) -> Completions:
         from vllm import SamplingParams as VLLMSamplingParams
+
+        if group_size > 1:  # one request per row (vLLM's prefix cache shares each prompt's prefill)
+            prompts = prompts.select(torch.arange(prompts.num_rows).repeat_interleave(group_size))
 
         if not prompts.texts:
             raise ValueError("the vLLM sampler needs the prompts' texts and images (VisionPrompts.texts / .images)")

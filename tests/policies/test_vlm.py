@@ -62,7 +62,7 @@ def rollout(policy):
 
 
 def test_on_policy_logprobs_equal_the_samplers_and_need_token_types(policy, rollout):
-    prompts = rollout.payload.prompts
+    prompts = rollout.payload.row_prompts()
     assert prompts.images_per_row.tolist() == [1] * 3 + [2] * 3 + [0] * 3 + [1] * 3
     assert sorted(set(prompts.image_grid_thw.prod(-1).tolist())) == [16, 24, 64]  # patches: 4, 6, 16 tokens
     assert len(set(prompts.attention_mask.sum(1).tolist())) == 4  # four prompt lengths: left padding varies
@@ -92,7 +92,7 @@ def test_payload_select_and_concat_round_trip(policy, rollout):
     parts = [rollout.select(order[:5]), rollout.select(order[5:])]
     joined = Rollout.concat(parts)
     direct = rollout.select(order)
-    pj, pd = joined.payload.prompts, direct.payload.prompts
+    pj, pd = joined.payload.row_prompts(), direct.payload.row_prompts()
     for name in ("input_ids", "attention_mask", "mm_token_type_ids", "pixel_values", "image_grid_thw", "images_per_row"):
         assert torch.equal(getattr(pj, name), getattr(pd, name)), name
     assert torch.equal(joined.payload.completion_ids, direct.payload.completion_ids)
@@ -105,7 +105,7 @@ def test_payload_select_and_concat_round_trip(policy, rollout):
     full = policy(rollout).logp
     assert torch.allclose(policy(joined).logp, full[order], atol=1e-5)
     text_only = rollout.select(torch.tensor([6, 8]))
-    assert text_only.payload.prompts.pixel_values is None and text_only.payload.prompts.image_grid_thw is None
+    assert text_only.payload.row_prompts().pixel_values is None and text_only.payload.row_prompts().image_grid_thw is None
     assert ((policy(text_only).logp - text_only.logp).abs() * text_only.mask).max() < 1e-5
     text_rollout = policy.rollout(mixed_examples()[2:3], 3, SamplingParams(max_new_tokens=8), seed=4)  # no image at all
     assert ((policy(text_rollout).logp - text_rollout.logp).abs() * text_rollout.mask).max() < 1e-5
@@ -254,7 +254,7 @@ def test_qwen3_vl_spec_matches_on_policy_and_refuses_missing_token_types():
                 Example("<image> or <image>?", (square(128, 128, (1, 2, 3)), square(96, 64, (4, 5, 6)))),
                 Example("Text only.", ())]
     rollout = policy.rollout(examples, 2, SamplingParams(temperature=1.0, max_new_tokens=8), seed=0)
-    assert sorted(set(rollout.payload.prompts.image_grid_thw.prod(-1).tolist())) == [16, 24, 64]
+    assert sorted(set(rollout.payload.row_prompts().image_grid_thw.prod(-1).tolist())) == [16, 24, 64]
     assert ((policy(rollout).logp - rollout.logp).abs() * rollout.mask).max() < 1e-5
     with pytest.raises(ValueError, match="mm_token_type_ids"):
         policy.score(rollout.payload, with_token_types=False)

@@ -109,7 +109,7 @@ def test_examples_with_videos_are_video_prompts():
 
 
 def test_video_rows_on_policy_logprobs_equal_the_samplers_and_a_plain_forward(policy, rollout):
-    prompts = rollout.payload.prompts
+    prompts = rollout.payload.row_prompts()
     assert prompts.videos_per_row.tolist() == [1, 1, 1, 1, 1, 1, 0, 0, 0, 0]
     assert prompts.images_per_row.tolist() == [0, 0, 0, 0, 1, 1, 1, 1, 0, 0]
     # 4 frames → 2 temporal patches; 5 frames of 84×56 → 6 frames, resized by qwen-vl-utils to 112×56.
@@ -124,9 +124,10 @@ def test_video_rows_on_policy_logprobs_equal_the_samplers_and_a_plain_forward(po
         completion = rollout.payload.completion_ids[row, :t]
         plain = plain_logprobs(policy, examples[int(rollout.example_index[row])], completion)
         assert torch.allclose(plain, rollout.logp[row, :t], atol=1e-4), row
-    # Without second_per_grid_ts, Qwen2.5-VL spaces temporal patches 1 s apart: video rows change, others not.
-    untimed = replace(rollout.payload, prompts=replace(prompts, second_per_grid_ts=None))
-    diff = ((policy.score(untimed).logp - rollout.logp) * rollout.mask).abs().amax(1)
+    # Without second_per_grid_ts, Qwen2.5-VL spaces temporal patches 1 s apart: video rows change, others not
+    # (the plain forward, which places positions itself from what it is given).
+    untimed = replace(rollout.payload, prompts=replace(rollout.payload.prompts, second_per_grid_ts=None))
+    diff = ((policy.score(untimed, shared_prefix=False).logp - rollout.logp) * rollout.mask).abs().amax(1)
     assert diff[:6].min() > 1e-4 and diff[6:].max() < 1e-5
 
 
@@ -142,18 +143,18 @@ def test_payload_select_and_concat_round_trip_with_videos(policy, rollout):
     order = torch.tensor([7, 2, 9, 0, 5, 3, 8, 1, 6, 4])
     joined = Rollout.concat([rollout.select(order[:4]), rollout.select(order[4:])])
     direct = rollout.select(order)
-    pj, pd = joined.payload.prompts, direct.payload.prompts
+    pj, pd = joined.payload.row_prompts(), direct.payload.row_prompts()
     for name in ("input_ids", "mm_token_type_ids", "pixel_values", "image_grid_thw", "images_per_row",
                  "pixel_values_videos", "video_grid_thw", "second_per_grid_ts", "videos_per_row"):
         assert torch.equal(getattr(pj, name), getattr(pd, name)), name
     assert torch.allclose(policy(joined).logp, policy(rollout).logp[order], atol=1e-5)
     no_video = rollout.select(torch.tensor([6, 9]))
-    assert no_video.payload.prompts.pixel_values_videos is None and no_video.payload.prompts.video_grid_thw is None
+    assert no_video.payload.row_prompts().pixel_values_videos is None and no_video.payload.row_prompts().video_grid_thw is None
     assert ((policy(no_video).logp - no_video.logp).abs() * no_video.mask).max() < 1e-5
     # Rows of a rollout that never saw a video concatenate with video rows.
     images_only = policy.rollout(video_examples()[3:], 1, SamplingParams(max_new_tokens=6), seed=1)
     both = Rollout.concat([images_only, rollout.select(torch.tensor([0, 4]))])
-    assert both.payload.prompts.videos_per_row.tolist() == [0, 0, 1, 1]
+    assert both.payload.row_prompts().videos_per_row.tolist() == [0, 0, 1, 1]
     assert ((policy(both).logp - both.logp).abs() * both.mask).max() < 1e-5
 
 
@@ -189,7 +190,7 @@ def test_a_video_file_is_decoded_and_sampled_at_the_video_fps(policy, tmp_path):
     write_mp4(path, moving_square(8, 56, 56, (220, 30, 30)), fps=4)  # 2 s at 4 fps
     examples = [Example("<video>What moves?", (), (path,)), Example("<video>And here?", (), (str(path),))]
     rollout = policy.rollout(examples, 2, SamplingParams(temperature=1.0, max_new_tokens=8), seed=0)
-    prompts = rollout.payload.prompts
+    prompts = rollout.payload.row_prompts()
     # 2 s at video.fps 1 is 2 frames, raised to qwen-vl-utils' minimum of 4 (smart_nframes): 4 of the 8
     # frames, an effective 2 fps → 2 temporal patches 1 s apart.
     assert prompts.video_grid_thw.tolist() == [[2, 4, 4]] * 4 and prompts.second_per_grid_ts.tolist() == [1.0] * 4
