@@ -13,20 +13,22 @@ from mmrl.core.config import load_config
 from mmrl.core.paths import recipes_dir
 from mmrl.core.registry import make_policy
 from mmrl.experiments.memory_measure import measure_update_step
-from mmrl.experiments.memory_plan import (SINGLE, MemoryPlan, plan_memory, read_accelerate_config, state_terms)
+from mmrl.experiments.memory_plan import (GENERATION_LOGIT_COPIES, GENERATION_TOP_P_COPIES, SINGLE, MemoryPlan,
+                                          plan_memory, prompts_per_micro_batch, read_accelerate_config, state_terms)
 from mmrl.experiments.meta_model import RowShape, build_meta_model, count_parameters, read_model_config
 
 QUIET = ["log.progress=false", "log.tensorboard=false"]
 ACCELERATE = recipes_dir() / "accelerate"
 
-# Planned / measured bounds of the update step (docs/memory_plan.md has the measured ratios: 0.996-1.043 for
-# the saved activations, 0.975-1.139 for the peak).
+# Planned / measured bounds of the update step (docs/memory_plan.md has the measured ratios: 0.998-1.045 for
+# the saved activations, 0.975-1.133 for the peak).
 SAVED_RANGE = (0.85, 1.15)
 PEAK_RANGE = (0.8, 1.25)
 
 
 def planned_for_measured(recipe: str, rows: int, *overrides: str) -> tuple[MemoryPlan, object]:
-    """The plan of ``recipe`` for the shape of one real, measured update micro-batch of ``rows`` rows."""
+    """The plan of ``recipe`` for the shape of one real, measured update micro-batch of ``rows`` rows (whole groups:
+    the VLM policy scores each distinct prompt once)."""
     cfg = load_config(recipe, [*QUIET, f"trainer.micro_batch_size={rows}", *overrides])
     measured = measure_update_step(cfg, rows)
     model = build_meta_model(cfg)
@@ -34,7 +36,7 @@ def planned_for_measured(recipe: str, rows: int, *overrides: str) -> tuple[Memor
                                f"rollout.max_new_tokens={measured.completion_tokens}", *overrides])
     plan = plan_memory(cfg, recipe, model, SINGLE, 80.0,
                        RowShape(measured.prompt_tokens, measured.patches_per_row, "measured"))
-    assert plan.workload.update_rows == measured.rows
+    assert (plan.workload.update_rows, plan.workload.update_prompts) == (measured.rows, measured.prompts)
     return plan, measured
 
 
@@ -44,8 +46,8 @@ def saved_activations(plan: MemoryPlan) -> int:
 
 @pytest.mark.parametrize("recipe, rows, overrides", [
     ("sanity/tiny_cpu", 64, ()),
-    ("spatial_ssrl/tiny_cpu", 16, ()),
-    ("spatial_ssrl/tiny_cpu", 16, ("policy.args.gradient_checkpointing=true",)),
+    ("spatial_ssrl/tiny_cpu", 16, ()),  # 2 prompts run once, 16 completions over their cache
+    ("spatial_ssrl/tiny_cpu", 16, ("policy.args.gradient_checkpointing=true",)),  # row by row
     ("spatial_ssrl/tiny_cpu", 16, ("policy.args.dtype=bfloat16",)),
     ("spatial_ssrl/tiny_cpu", 16, ("policy.args.attn_implementation=eager",)),
     ("spatial_ssrl/tiny_cpu", 16, ("policy.args.lora_rank=8",)),  # frozen base and vision tower save less
@@ -58,6 +60,48 @@ def test_the_plan_matches_a_measured_update_step(recipe, rows, overrides):
     peak = plan.phase("update") / measured.peak_bytes  # gradients + saved activations + transient buffers
     assert SAVED_RANGE[0] <= saved <= SAVED_RANGE[1], (saved, measured)
     assert PEAK_RANGE[0] <= peak <= PEAK_RANGE[1], (peak, measured)
+
+
+def test_a_shared_prefix_plans_each_prompt_once():
+    """Groups of 8 (the prompt run once per group) against one row per prompt (every row runs its own)."""
+    rows = RowShape(53, 36, "given")
+    plans = {}
+    for name, overrides in (("shared", ()), ("own", ("rollout.group_size=1", "rollout.prompts_per_step=128"))):
+        cfg = load_config("spatial_ssrl/tiny_cpu", [*QUIET, "trainer.micro_batch_size=16", *overrides])
+        plan = plan_memory(cfg, "spatial_ssrl/tiny_cpu", build_meta_model(cfg), SINGLE, 80.0, rows)
+        plans[name] = (plan.workload, {t.name: t.bytes for t in plan.terms})
+    (shared, shared_terms), (own, own_terms) = plans["shared"], plans["own"]
+    assert (shared.shared_prefix, shared.update_rows, shared.update_prompts) == (True, 16, 2)
+    assert (own.shared_prefix, own.update_rows, own.update_prompts) == (False, 16, 16)
+    vision = "activations: vision encoder"
+    assert shared_terms[vision] * 8 == own_terms[vision]  # 2 prompts' images instead of 16 rows'
+    assert shared_terms["activations: log-softmax"] == own_terms["activations: log-softmax"]
+    # 2 × 53 + 16 × 39 computed tokens instead of 16 × 93 (every completion still reads its prompt's keys)
+    assert 0.4 < shared_terms["activations: decoder"] / own_terms["activations: decoder"] < 0.7
+
+
+def test_micro_batches_hold_whole_groups_or_straddle_one():
+    # 64 rows of groups of 8 in micro-batches of 16: 2 prompts each; of 64: all 8.
+    assert prompts_per_micro_batch(64, 16, 8) == 2 and prompts_per_micro_batch(64, 64, 8) == 8
+    # 15 rows of groups of 3 in micro-batches of 5: rows 5-9 hold groups 1, 2 and 3.
+    assert prompts_per_micro_batch(15, 5, 3) == 3
+    assert prompts_per_micro_batch(8, 3, 1) == 3  # one row per prompt
+
+
+def test_generation_keeps_one_step_of_logits():
+    model_config = "assets/vlm/qwen2_5_vl_3b_config.json"
+    terms = {}
+    for tokens, top_p in ((256, 1.0), (2048, 1.0), (2048, 0.9)):
+        cfg = load_config("vlm_sanity/qwen2_5_vl_3b_gpu", [*QUIET, f"rollout.max_new_tokens={tokens}",
+                                                             f"rollout.top_p={top_p}"])
+        plan = plan_memory(cfg, "vlm_sanity", build_meta_model(cfg, model_config), SINGLE, 80.0, None)
+        terms[tokens, top_p] = {t.name: t.bytes for t in plan.terms if t.phase == "generation"}
+    rows_vocab = 64 * 151_936  # generation_batch_rows × vocabulary
+    assert terms[256, 1.0]["generation logits"] == terms[2048, 1.0]["generation logits"] \
+        == (GENERATION_LOGIT_COPIES * 4 + 2) * rows_vocab
+    assert terms[2048, 0.9]["generation logits"] == (GENERATION_TOP_P_COPIES * 4 + 2) * rows_vocab
+    # The cache holds prompt (max_prompt_tokens 2048) + completion tokens.
+    assert terms[2048, 1.0]["KV cache"] * (2048 + 256) == terms[256, 1.0]["KV cache"] * (2048 + 2048)
 
 
 def test_weights_gradients_and_optimizer_are_exact_counts_of_the_real_model():

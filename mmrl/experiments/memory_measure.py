@@ -1,6 +1,8 @@
 """Measured memory of one real update micro-batch, to check ``mmrl plan`` against (docs/memory_plan.md).
 
-Two exact CPU measurements of the policy's forward (with entropy, as the trainer's update asks) and backward:
+The rows are drawn as the trainer draws them (``policy.rollout`` of whole groups, so a group's rows share their
+prompt) and scored as its update scores them (``policy.score`` of the payload, with entropy: the VLM policy runs
+each distinct prompt once). Two exact CPU measurements of that forward and its backward:
 
 - **saved for backward**: every tensor autograd keeps for the backward pass, seen through
   ``torch.autograd.graph.saved_tensors_hooks``, counted once per storage, parameters left out;
@@ -19,16 +21,24 @@ import torch
 from mmrl.core.config import TrainConfig
 from mmrl.core.contracts import Policy
 from mmrl.core.rollout import Rollout, SamplingParams
+from mmrl.policies.causal_lm import CausalLMPolicy
+from mmrl.policies.vlm import VLMPayload, VLMPolicy
+
+ScoredPolicy = CausalLMPolicy | VLMPolicy
+"""The policies whose update steps are measured (those ``mmrl plan`` plans in full)."""
 
 
 @dataclass(frozen=True)
 class MeasuredStep:
     rows: int
+    prompts: int
+    """Distinct prompts among the rows (their groups)."""
     prompt_tokens: int
     """Prompt length of the micro-batch (padded)."""
     completion_tokens: int
     """Completion length of the micro-batch (padded): at most ``rollout.max_new_tokens``."""
     patches_per_row: int
+    """Image patches of one prompt."""
     saved_bytes: int
     peak_bytes: int
     parameters: int
@@ -47,9 +57,9 @@ def draw_update_rows(policy: Policy, cfg: TrainConfig, rows: int) -> Rollout:
     return rollout.select(torch.arange(rows))
 
 
-def saved_and_peak(policy: Policy, rollout: Rollout) -> tuple[int, int]:
-    """Bytes saved for backward by ``policy(rollout, with_entropy=True)`` and the allocation peak of that
-    forward and the backward of its summed log-probs."""
+def saved_and_peak(policy: ScoredPolicy, rollout: Rollout) -> tuple[int, int]:
+    """Bytes saved for backward by ``policy.score(rollout.payload, with_entropy=True)`` and the allocation peak of
+    that forward and the backward of its summed log-probs."""
     from torch.profiler import ProfilerActivity, profile
 
     params = {p.untyped_storage().data_ptr() for p in policy.parameters()}
@@ -64,7 +74,7 @@ def saved_and_peak(policy: Policy, rollout: Rollout) -> tuple[int, int]:
     policy.zero_grad(set_to_none=True)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-            out = policy(rollout, with_entropy=True)
+            out = policy.score(rollout.payload, with_entropy=True)
         (-(out.logp * rollout.mask).sum()).backward()
         del out
     policy.zero_grad(set_to_none=True)
@@ -85,14 +95,15 @@ def measure_update_step(cfg: TrainConfig, rows: int) -> MeasuredStep:
     policy.train()
     rollout = draw_update_rows(policy, cfg, rows)
     payload = rollout.payload
-    prompts = getattr(payload, "prompts", None)
-    prompt_ids = prompts.input_ids if prompts is not None else payload.prompt_ids
-    patches = 0
-    if prompts is not None and prompts.pixel_values is not None:
-        patches = prompts.pixel_values.shape[0] // rollout.num_rows
+    prompts = len(rollout.group_id.unique())
+    if isinstance(payload, VLMPayload):  # it stores each distinct prompt (and its images) once
+        prompt_tokens, pixels = payload.prompts.input_ids.shape[1], payload.prompts.pixel_values
+        patches = 0 if pixels is None else pixels.shape[0] // payload.prompts.num_rows
+    else:
+        prompt_tokens, patches = payload.prompt_ids.shape[1], 0
     saved, peak = saved_and_peak(policy, rollout)
     params = list(policy.parameters())
-    return MeasuredStep(rows=rollout.num_rows, prompt_tokens=prompt_ids.shape[1],
+    return MeasuredStep(rows=rollout.num_rows, prompts=prompts, prompt_tokens=prompt_tokens,
                         completion_tokens=rollout.mask.shape[1], patches_per_row=patches, saved_bytes=saved,
                         peak_bytes=peak, parameters=sum(p.numel() for p in params),
                         trainable=sum(p.numel() for p in params if p.requires_grad))

@@ -9,13 +9,18 @@ Memory is split into what lives through the whole run and what one phase of a st
   parameters as loaded, and torch's AdamW keeps its moments in the parameters' dtype. DeepSpeed is the
   exception: it casts the model to bf16 / fp16 and keeps fp32 masters and moments (ZeRO's 2 + 2 + 12 bytes
   per parameter, Rajbhandari et al. 2020, §3.1).
-- **update** (one micro-batch of ``trainer.micro_batch_size`` rows of prompt + ``rollout.max_new_tokens``
+- **update** (one micro-batch of ``trainer.micro_batch_size`` rows, completions of ``rollout.max_new_tokens``
   tokens): gradients (allocated at the first backward, freed at each optimizer step), the activations saved
-  for backward (:func:`decoder_layer_bytes`, :func:`vision_block_bytes`, the log-softmax over the vocabulary),
-  and transient buffers (the raw logits, one recomputed layer under gradient checkpointing, layers gathered by
-  FSDP / ZeRO-3).
-- **generation** (the HF sampler, ``generation_batch_rows`` rows at a time, all rows when 0): the KV cache and
-  the raw logits that ``generate(output_logits=True)`` keeps for every step in float32.
+  for backward (:func:`decoder_query_bytes`, :func:`attention_key_bytes`, :func:`vision_block_bytes`, the
+  log-softmax over the vocabulary), and transient buffers (the raw logits, the group-expanded KV cache, one
+  recomputed layer under gradient checkpointing, layers gathered by FSDP / ZeRO-3). The VLM policy scores
+  with each prompt shared by its group (:mod:`mmrl.policies.shared_prefix`): a micro-batch's U distinct
+  prompts run once (U rows × P tokens, the vision tower on their images) and its N rows run only their
+  completions (N × T tokens, attending to their prompt's cache); with gradient checkpointing, a causal LM, or
+  one row per prompt, every row runs prompt + completion (N × (P + T) tokens, :func:`update_passes`).
+- **generation** (the HF sampler, ``generation_batch_rows`` rows at a time, all rows when 0): the KV cache of
+  every row's prompt + completion, and one step's logits: the sampler's logits processor keeps one step's
+  tempered logits, never every step's (:data:`GENERATION_LOGIT_COPIES`).
 
 Sharding comes from the accelerate config: DDP shards nothing; FSDP FULL_SHARD (FSDP2
 ``reshard_after_forward: true``) shards weights, gradients and optimizer state, SHARD_GRAD_OP gradients and
@@ -41,8 +46,13 @@ LOGSOFTMAX_BYTES = 3 * 4 + 1
 """Saved per (row, completion token, vocabulary id) by :func:`mmrl.policies.tokens.token_logprobs` with entropy
 (the trainer's update asks for it): the log-softmax, its exp and the masked log-probs in float32, and one bool."""
 GENERATION_LOGIT_COPIES = 4
-"""float32 [rows, T, V] tensors alive at once after ``generate``: its per-step logits, their stack, and the
-tempered and suppressed copies in ``token_logprobs``."""
+"""float32 [rows, V] tensors alive at once in one sampling step of ``generate`` (the HF sampler's
+:class:`~mmrl.samplers.hf_generate.BehaviourLogprobs`): generate's float32 copy of the step's logits, the
+previous step's tempered logits (kept to score the token sampled from them), the new tempered logits, and the
+``exp(x − max)`` temporary of their log-normaliser (later generate's softmax probabilities, as many)."""
+GENERATION_TOP_P_COPIES = 7
+"""The same with ``top_p`` < 1, inside the top-p warper: generate's copy, the tempered logits, the warper's
+clone, the sorted values, the sort indices (int64: two float32's worth), the softmax and its cumulative sum."""
 
 
 @dataclass(frozen=True)
@@ -99,8 +109,8 @@ def read_accelerate_config(path: str | Path | None, num_processes: int | None = 
 
 
 # ------------------------------------------------------------------------------------------------
-# Activations saved for backward, per token (derived from the transformers modules; measured in
-# tests/experiments/test_memory_plan.py against torch.autograd.graph.saved_tensors_hooks).
+# Activations saved for backward, per computed token and per key position read (derived from the transformers
+# modules; measured in tests/test_memory_plan.py against torch.autograd.graph.saved_tensors_hooks).
 
 
 @dataclass(frozen=True)
@@ -131,26 +141,39 @@ def norm_bytes(p: Precision, weight_trains: bool, output_read: bool) -> int:
     return 4 + (p.stored if weight_trains else 0) + (p.compute if output_read else 0)
 
 
-def decoder_layer_bytes(arch: Architecture, p: Precision, attention: str, seq: int,
+def attention_key_bytes(arch: Architecture, p: Precision, attention: str) -> int:
+    """Bytes one decoder layer saves per key position a row attends to: the keys and values as the attention
+    kernel reads them. sdpa and eager repeat the grouped key / value heads to all query heads when a mask is
+    passed (mmrl's padded rows always pass one: the planned worst case); flash-attention reads the grouped heads.
+    A completion scored after its shared prompt attends to the prompt's cached positions too."""
+    repeat = attention in ("sdpa", "eager") and arch.kv_heads != arch.heads
+    return p.compute * 2 * (arch.heads if repeat else arch.kv_heads) * arch.head_dim
+
+
+def decoder_query_bytes(arch: Architecture, p: Precision, attention: str, keys: int,
                         parts: TrainableParts = FULL) -> int:
-    """Bytes one decoder layer saves per token (no checkpointing): two RMSNorms (:func:`norm_bytes`) and their
-    1/rms; queries, keys and values as the attention kernel reads them (sdpa and eager repeat the key / value
-    heads to all query heads when a padding mask is passed, as mmrl always does; flash-attention reads the
-    grouped heads), the kernel's output and its log-sum-exp per head; eager attention also keeps the
-    probabilities (heads × ``seq``) and, for a trainable output projection, a contiguous copy of the output;
-    the SwiGLU MLP's gate, up, SiLU(gate), and the product when the down projection trains; LoRA's rank-r
-    intermediates; Qwen3's query / key norms (float32 input and normalised value)."""
+    """Bytes one decoder layer saves per token it computes (a query), apart from the keys and values the kernel
+    reads (:func:`attention_key_bytes`): two RMSNorms (:func:`norm_bytes`) and their 1/rms; the queries, the
+    kernel's output and its log-sum-exp per head; eager attention also keeps the probabilities (heads × ``keys``)
+    and, for a trainable output projection, a contiguous copy of the output; the SwiGLU MLP's gate, up,
+    SiLU(gate), and the product when the down projection trains; LoRA's rank-r intermediates; Qwen3's query / key
+    norms (float32 input and normalised value)."""
     h, a, kv, d = arch.hidden, arch.heads, arch.kv_heads, arch.head_dim
     trains = set(parts.linears)
-    repeat = attention in ("sdpa", "eager") and kv != a
-    qkv = a * d + 2 * (a * d if repeat else kv * d)
-    compute = qkv + a * d + (3 + ("down_proj" in trains)) * arch.intermediate + parts.adapter_rank * len(trains)
+    compute = 2 * a * d + (3 + ("down_proj" in trains)) * arch.intermediate + parts.adapter_rank * len(trains)
     if attention == "eager":
-        compute += a * seq + (a * d if "o_proj" in trains else 0)
+        compute += a * keys + (a * d if "o_proj" in trains else 0)
     extra = (4 + p.stored) * (a + kv) * d if arch.qk_norm else 0
     norms = (norm_bytes(p, parts.norms, bool(trains & {"q_proj", "k_proj", "v_proj"}))
              + norm_bytes(p, parts.norms, bool(trains & {"gate_proj", "up_proj"}))) * h
     return norms + 4 * (2 + a) + p.compute * compute + extra
+
+
+def decoder_layer_bytes(arch: Architecture, p: Precision, attention: str, seq: int,
+                        parts: TrainableParts = FULL) -> int:
+    """Bytes one decoder layer saves per token of a forward over whole rows of ``seq`` tokens (each token is a
+    query and a key position): :func:`decoder_query_bytes` + :func:`attention_key_bytes`."""
+    return decoder_query_bytes(arch, p, attention, seq, parts) + attention_key_bytes(arch, p, attention)
 
 
 def vision_block_bytes(v: VisionArchitecture, p: Precision) -> int:
@@ -185,14 +208,22 @@ class Workload:
     """The sizes the per-step terms read."""
 
     update_rows: int
-    """Rows of one update micro-batch on one process."""
+    """Rows of one update micro-batch on one process (N)."""
+    update_prompts: int
+    """Distinct prompts in one update micro-batch (U): the rows of a group share one. Only a shared prefix runs
+    each once; otherwise every row runs its own copy."""
+    shared_prefix: bool
+    """Re-scoring runs each distinct prompt once and only the completions row by row
+    (:mod:`mmrl.policies.shared_prefix`): the VLM policy with groups, without gradient checkpointing."""
     generation_rows: int
     """Rows one ``generate`` call samples at once on one process."""
     prompt_tokens: int
     completion_tokens: int
     patches_per_row: int
+    """Image patches of one prompt."""
     gradient_checkpointing: bool
     attention: str
+    top_p: float
     rows_source: str
 
 
@@ -224,16 +255,31 @@ class MemoryPlan:
         return data
 
 
+def prompts_per_micro_batch(minibatch_rows: int, micro_rows: int, group_size: int) -> int:
+    """The most distinct prompts one micro-batch holds. The trainer's minibatch is whole groups, each group's rows
+    adjacent, cut into micro-batches of ``micro_rows`` rows: ⌈micro_rows / group_size⌉ prompts when a micro-batch
+    holds whole groups, one more where it starts inside a group."""
+    return max((min(start + micro_rows, minibatch_rows) - 1) // group_size - start // group_size + 1
+               for start in range(0, minibatch_rows, micro_rows))
+
+
 def workload_of(cfg: TrainConfig, parallel: Parallelism, rows: RowShape) -> Workload:
     """Update and generation rows on one process, from the recipe's batch settings."""
     r, t, args = cfg.rollout, cfg.trainer, cfg.policy.args
     process_rows = max(r.prompts_per_step // parallel.processes, 1) * r.group_size
     minibatch_rows = max(process_rows // t.minibatches, 1)
+    micro_rows = min(t.micro_batch_size, minibatch_rows)
     generation = getattr(args, "generation_batch_rows", 0) or process_rows
-    return Workload(update_rows=min(t.micro_batch_size, minibatch_rows), generation_rows=min(generation, process_rows),
-                    prompt_tokens=rows.prompt_tokens, completion_tokens=r.max_new_tokens, patches_per_row=rows.patches,
-                    gradient_checkpointing=bool(getattr(args, "gradient_checkpointing", False)),
-                    attention=getattr(args, "attn_implementation", "sdpa"), rows_source=rows.source)
+    checkpointing = bool(getattr(args, "gradient_checkpointing", False))
+    # VLMPolicy.score shares each prompt across its rows unless checkpointing turns the cache off
+    # (mmrl.policies.shared_prefix.can_share) or every row has its own prompt.
+    shared = cfg.policy.name == "vlm" and r.group_size > 1 and not checkpointing
+    prompts = prompts_per_micro_batch(minibatch_rows, micro_rows, r.group_size)
+    return Workload(update_rows=micro_rows, update_prompts=prompts, shared_prefix=shared,
+                    generation_rows=min(generation, process_rows), prompt_tokens=rows.prompt_tokens,
+                    completion_tokens=r.max_new_tokens, patches_per_row=rows.patches,
+                    gradient_checkpointing=checkpointing, attention=getattr(args, "attn_implementation", "sdpa"),
+                    top_p=r.top_p if r.temperature > 0 else 1.0, rows_source=rows.source)
 
 
 def state_terms(model: PlannedModel, parallel: Parallelism, ref_model: str) -> list[Term]:
@@ -265,67 +311,124 @@ def state_terms(model: PlannedModel, parallel: Parallelism, ref_model: str) -> l
     return terms
 
 
+@dataclass(frozen=True)
+class DecoderPass:
+    """One forward through the decoder in an update: ``rows`` rows of ``queries`` computed tokens each, every one
+    attending to ``keys`` positions (its row's own tokens and any cached prompt)."""
+
+    rows: int
+    queries: int
+    keys: int
+
+    @property
+    def tokens(self) -> int:
+        return self.rows * self.queries
+
+
+def update_passes(w: Workload) -> list[DecoderPass]:
+    """The decoder forwards of one update micro-batch. Shared prefix (:func:`mmrl.policies.shared_prefix.score_logits`):
+    the U distinct prompts (P tokens), then the N completions' first T − 1 tokens over their prompt's cache (the
+    last prompt position predicts the first completion token). Otherwise every row's prompt + completion."""
+    p, t = w.prompt_tokens, w.completion_tokens
+    if w.shared_prefix:
+        return [DecoderPass(w.update_prompts, p, p), DecoderPass(w.update_rows, t - 1, p + t - 1)]
+    return [DecoderPass(w.update_rows, p + t, p + t)]
+
+
 def activation_terms(arch: Architecture, w: Workload, p: Precision, parallel: Parallelism, largest_layer: int,
                      param_bytes: int, parts: TrainableParts = FULL) -> list[Term]:
     """The update micro-batch's saved activations and transient buffers."""
-    rows, seq = w.update_rows, w.prompt_tokens + w.completion_tokens
-    tokens = rows * seq
-    layer = decoder_layer_bytes(arch, p, w.attention, seq, parts)
+    passes = update_passes(w)
+    tokens = sum(f.tokens for f in passes)
     final_norm = norm_bytes(p, parts.norms, parts.lm_head) * arch.hidden + 4
+    keys = attention_key_bytes(arch, p, w.attention)
     if w.gradient_checkpointing:
         saved = arch.layers * p.stored * arch.hidden * tokens
         how = f"checkpointed: {arch.layers} layer inputs × {arch.hidden} × {p.stored} B × {tokens:,} tokens"
     else:
-        saved = arch.layers * layer * tokens
-        how = f"{arch.layers} layers × {layer:,} B/token × {rows} rows × {seq} tokens"
+        queries = [decoder_query_bytes(arch, p, w.attention, f.keys, parts) for f in passes]
+        saved = arch.layers * sum(f.tokens * q + f.rows * f.keys * keys for f, q in zip(passes, queries))
+        how = f"{arch.layers} layers × (" + " + ".join(
+            f"{f.rows} × {f.queries} tokens × {q:,} B + {f.rows} × {f.keys} keys / values × {keys:,} B"
+            for f, q in zip(passes, queries)) + ")"
     terms = [Term("activations: decoder", "update", saved, how)]
     if w.gradient_checkpointing:  # the rotary tables and the mask reach the layers as arguments: not saved
         terms.append(Term("activations: final norm", "update", final_norm * tokens, "final RMSNorm"))
     else:
         tables = (final_norm + 2 * arch.head_dim * p.stored) * tokens
-        mask = 0 if w.attention == "flash_attention_2" else 2 * rows * seq * seq * p.stored
-        terms.append(Term("activations: final norm, rotary tables, mask", "update", tables + mask,
-                          "final RMSNorm, cos / sin" + ("" if not mask else f", 2 float masks of {rows} × {seq}²")))
-    logits = rows * w.completion_tokens * arch.vocab
+        masks = 0 if w.attention == "flash_attention_2" else \
+            sum(2 * f.rows * f.queries * f.keys * p.stored for f in passes)
+        terms.append(Term("activations: final norm, rotary tables, mask", "update", tables + masks,
+                          "final RMSNorm, cos / sin" + (", 2 float masks of " + " + ".join(
+                              f"{f.rows} × {f.queries} × {f.keys}" for f in passes) if masks else "")))
+    logits = w.update_rows * w.completion_tokens * arch.vocab
     terms.append(Term("activations: log-softmax", "update", LOGSOFTMAX_BYTES * logits,
-                      f"{LOGSOFTMAX_BYTES} B × {rows} rows × {w.completion_tokens} tokens × {arch.vocab:,} vocab"))
+                      f"{LOGSOFTMAX_BYTES} B × {w.update_rows} rows × {w.completion_tokens} tokens × "
+                      f"{arch.vocab:,} vocab"))
     recompute = 0
     if arch.vision is not None and w.patches_per_row and parts.vision:  # a frozen tower saves nothing
-        v, patches = arch.vision, rows * w.patches_per_row
+        prompt_rows = w.update_prompts if w.shared_prefix else w.update_rows  # the vision tower's images
+        v, patches = arch.vision, prompt_rows * w.patches_per_row
         block = vision_block_bytes(v, p)
         per_block = p.stored * v.hidden if w.gradient_checkpointing else block
         once = vision_once_bytes(v, p) - (2 * 4 * (v.hidden // v.heads) if w.gradient_checkpointing else 0)
         terms.append(Term("activations: vision encoder", "update", (v.depth * per_block + once) * patches,
                           f"{v.depth} blocks × {per_block:,} B/patch × {patches:,} patches"
+                          + (f" ({w.update_prompts} prompts, each once)" if w.shared_prefix else
+                             f" ({prompt_rows} rows' prompts)")
                           + (" (checkpointed)" if w.gradient_checkpointing else "")))
         if w.gradient_checkpointing:
             recompute = block * patches
     if w.gradient_checkpointing:
-        recompute = max(recompute, layer * tokens)
-    # The logits' buffers live around the end of the forward and the start of the backward; a checkpointed
-    # layer is recomputed later in the backward, when they are gone: the larger of the two counts.
-    raw_logits = rows * (seq if arch.vision is None else w.completion_tokens + 1) * arch.vocab * p.compute
-    transient = max(raw_logits + 2 * 4 * logits, recompute)
+        recompute = max(recompute, decoder_layer_bytes(arch, p, w.attention, passes[0].keys, parts) * tokens)
+    terms.append(transient_term(arch, w, p, parallel, largest_layer, param_bytes, recompute))
+    return terms
+
+
+def transient_term(arch: Architecture, w: Workload, p: Precision, parallel: Parallelism, largest_layer: int,
+                   param_bytes: int, recompute: int) -> Term:
+    """Buffers alive for part of the forward / backward, not saved, at their largest moment: the raw logits and two
+    float32 copies / gradients of the log-softmax input (around the log-softmax); with a shared prefix, earlier,
+    the prompt cache expanded to the rows lives through the completion pass and ends with the completion logits
+    and their concatenation to the first token's, before the log-softmax is saved; a layer recomputed under
+    gradient checkpointing (later in the backward, when the logits are gone); FSDP FULL_SHARD / ZeRO-3's
+    gathered layers."""
+    n, t = w.update_rows, w.completion_tokens
+    logits = n * t * arch.vocab
+    if w.shared_prefix:
+        raw = logits * p.compute
+        cache = n * (w.prompt_tokens + t - 1) * arch.layers * 2 * arch.kv_heads * arch.head_dim * p.compute
+        around_cache = cache + 2 * raw - LOGSOFTMAX_BYTES * logits  # the log-softmax is not saved yet
+    else:
+        raw = n * (w.prompt_tokens + t if arch.vision is None else t + 1) * arch.vocab * p.compute
+        around_cache = 0
+    transient = max(raw + 2 * 4 * logits, around_cache, recompute)
     how = "raw logits + 2 float32 copies / gradients of the log-softmax input"
+    if around_cache > raw + 2 * 4 * logits:
+        how = (f"the expanded KV cache of {n} rows × {w.prompt_tokens + t - 1} positions + 2 copies of the raw "
+               f"logits, before the log-softmax")
+    elif w.shared_prefix:
+        how += f" (larger than the expanded KV cache of {n} rows × {w.prompt_tokens + t - 1} positions)"
     if recompute:
         how = f"the larger of ({how}) and one recomputed layer"
     if parallel.shard_weights:
         transient += 2 * largest_layer * (2 if parallel.mixed_precision != "no" else param_bytes)
         how += " + 2 gathered layers"
-    terms.append(Term("transient (forward / backward)", "update", transient, how))
-    return terms
+    return Term("transient (forward / backward)", "update", transient, how)
 
 
 def generation_terms(arch: Architecture, w: Workload, param_bytes: int) -> list[Term]:
-    """The HF sampler's KV cache and kept logits (generation runs outside autocast: the parameters' dtype)."""
+    """The HF sampler's KV cache and one step's logits (generation runs outside autocast: the parameters' dtype).
+    The cache holds every row's prompt (prefilled once per prompt, then expanded to its group) and completion."""
     rows, seq = w.generation_rows, w.prompt_tokens + w.completion_tokens
     kv = rows * seq * arch.layers * 2 * arch.kv_heads * arch.head_dim * param_bytes
-    logits = GENERATION_LOGIT_COPIES * 4 * rows * w.completion_tokens * arch.vocab
+    copies = GENERATION_TOP_P_COPIES if w.top_p < 1.0 else GENERATION_LOGIT_COPIES
+    logits = (copies * 4 + param_bytes) * rows * arch.vocab
     return [Term("KV cache", "generation", kv, f"{rows} rows × {seq} tokens × {arch.layers} layers × 2 × "
                                                f"{arch.kv_heads} kv heads × {arch.head_dim} × {param_bytes} B"),
             Term("generation logits", "generation", logits,
-                 f"{GENERATION_LOGIT_COPIES} float32 copies × {rows} rows × {w.completion_tokens} tokens × "
-                 f"{arch.vocab:,} vocab")]
+                 f"one step: the model's {param_bytes}-byte logits + {copies} float32 copies × {rows} rows × "
+                 f"{arch.vocab:,} vocab" + (f" (top-p {w.top_p})" if w.top_p < 1.0 else ""))]
 
 
 def plan_memory(cfg: TrainConfig, recipe: str, model: PlannedModel, parallel: Parallelism, gpu_gib: float,
@@ -366,9 +469,12 @@ def format_plan(plan: MemoryPlan) -> str:
     lines = [f"{plan.recipe}: policy {m.policy}, {m.counts.total:,} parameters ({m.counts.trainable:,} trainable), "
              f"{placement}, mixed precision {par.mixed_precision}"]
     if m.architecture is not None:
+        scoring = (f"each of its {w.update_prompts} prompts run once" if w.shared_prefix
+                   else "every row runs its prompt")
         lines.append(f"update micro-batch {w.update_rows} rows × ({w.prompt_tokens} prompt + {w.completion_tokens} "
-                     f"completion) tokens, {w.patches_per_row} image patches/row, generation {w.generation_rows} rows, "
-                     f"gradient checkpointing {'on' if w.gradient_checkpointing else 'off'} ({w.rows_source})")
+                     f"completion) tokens ({scoring}), {w.patches_per_row} image patches/prompt, generation "
+                     f"{w.generation_rows} rows, gradient checkpointing {'on' if w.gradient_checkpointing else 'off'} "
+                     f"({w.rows_source})")
     else:
         lines.append(f"activations and generation are not planned for the {m.policy} policy (parameters only)")
     unit, label = (GIB, "GiB/GPU") if plan.peak >= GIB else (MIB, "MiB/GPU")

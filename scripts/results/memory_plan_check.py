@@ -2,10 +2,12 @@
 
     OMP_NUM_THREADS=1 python scripts/results/memory_plan_check.py
 
-For each case: the recipe's real policy draws ``rows`` rows and runs one forward (with entropy) + backward
-(:func:`mmrl.experiments.memory_measure.measure_update_step`); the plan is made for the same shape (prompt and
-completion lengths, patches per row). Printed: the planned saved activations against the bytes autograd saved,
-and the planned update phase (gradients + saved + transient) against the allocation peak of the step.
+For each case: the recipe's real policy draws ``rows`` rows (whole groups, so a group's rows share their prompt)
+and scores them with one forward (with entropy) + backward
+(:func:`mmrl.experiments.memory_measure.measure_update_step`); the plan is made for the same shape (rows, distinct
+prompts, prompt and completion lengths, patches per prompt). Printed: the planned saved activations against the
+bytes autograd saved, and the planned update phase (gradients + saved + transient) against the allocation peak of
+the step.
 """
 
 from __future__ import annotations
@@ -35,8 +37,8 @@ def mib(value: int) -> str:
 
 def main() -> None:
     torch.set_num_threads(1)
-    print("| recipe | overrides | rows × (prompt + completion), patches/row | saved: planned / measured MiB | ratio "
-          "| update peak: planned / measured MiB | ratio |")
+    print("| recipe | overrides | rows (prompts) × (prompt + completion), patches/prompt "
+          "| saved: planned / measured MiB | ratio | update peak: planned / measured MiB | ratio |")
     print("|---|---|---|---|---|---|---|")
     for recipe, rows, overrides in CASES:
         base = [*QUIET, f"trainer.micro_batch_size={rows}", *overrides]
@@ -44,10 +46,14 @@ def main() -> None:
         cfg = load_config(recipe, [*base, f"rollout.max_new_tokens={measured.completion_tokens}"])
         plan = plan_memory(cfg, recipe, build_meta_model(cfg), SINGLE, 80.0,
                            RowShape(measured.prompt_tokens, measured.patches_per_row, "measured"))
+        if (plan.workload.update_rows, plan.workload.update_prompts) != (measured.rows, measured.prompts):
+            raise RuntimeError(f"{recipe}: planned {plan.workload.update_rows} rows of {plan.workload.update_prompts} "
+                               f"prompts, measured {measured.rows} of {measured.prompts}")
         saved = sum(t.bytes for t in plan.terms if t.name.startswith("activations"))
         update = plan.phase("update")
-        print(f"| {recipe} | {' '.join(overrides) or '-'} | {measured.rows} × ({measured.prompt_tokens} + "
-              f"{measured.completion_tokens}), {measured.patches_per_row} | {mib(saved)} / {mib(measured.saved_bytes)} "
+        print(f"| {recipe} | {' '.join(overrides) or '-'} | {measured.rows} ({measured.prompts}) × "
+              f"({measured.prompt_tokens} + {measured.completion_tokens}), {measured.patches_per_row} "
+              f"| {mib(saved)} / {mib(measured.saved_bytes)} "
               f"| {saved / measured.saved_bytes:.3f} | {mib(update)} / {mib(measured.peak_bytes)} "
               f"| {update / measured.peak_bytes:.3f} |")
 
