@@ -54,6 +54,7 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--ppo-epochs", type=int, default=1)
     parser.add_argument("--sft-steps", type=int, default=0)
+    parser.add_argument("--recipe", default=str(RECIPE), help="the recipe (default: the tiny text sanity one)")
     parser.add_argument("overrides", nargs="*", help="extra dotted config overrides")
     args = parser.parse_args()
 
@@ -61,7 +62,7 @@ def main() -> None:
                  f"trainer.micro_batch_size={args.micro_batch_size}", f"trainer.ppo_epochs={args.ppo_epochs}",
                  "trainer.minibatches=1", f"warm_start.sft_steps={args.sft_steps}", "eval.num_examples=4",
                  "log.progress=false", "log.tensorboard=false", *args.overrides]
-    cfg = load_config(str(RECIPE), overrides)
+    cfg = load_config(args.recipe, overrides)
     trainer = Trainer(cfg, args.out, overwrite=True)
     eng = trainer.engine
     world, rank = eng.world_size, eng.rank
@@ -89,6 +90,9 @@ def main() -> None:
     metrics = trainer.update(batch.rollout, advantages, returns, reference)
 
     params = whole_state(trainer)
+    # The share of the parameters this process holds (1 unsharded; about 1 / world under FSDP).
+    local_fraction = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in trainer.policy.parameters()) \
+        / sum(p.numel() for p in trainer.policy.parameters())
     rank_diff = None  # FSDP: each process holds its own shard, there are no replicas to compare
     if not eng.sharded:
         flat = torch.cat([v.double().flatten() for v in params.values()]).to(eng.device)
@@ -99,7 +103,7 @@ def main() -> None:
         Path(args.result).parent.mkdir(parents=True, exist_ok=True)
         torch.save({"world_size": world, "initial": initial, "params": params, "metrics": metrics, "grads": grads,
                     "max_rank_param_diff": rank_diff, "rows_per_rank": batch.rollout.num_rows,
-                    "distributed_type": str(eng.accelerator.distributed_type),
+                    "distributed_type": str(eng.accelerator.distributed_type), "local_param_fraction": local_fraction,
                     "global_rows": rollout.num_rows, "outcome": full.outcome,
                     "outputs": list(rollout.outputs)}, args.result)
     eng.wait()
