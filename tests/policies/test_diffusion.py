@@ -401,6 +401,24 @@ def test_sd3_folder_takes_the_same_path(tmp_path):
     assert rows[-1]["step"] == 1 and rows[-1]["train/skipped_updates"] == 0 and rows[-1]["policy/kl_ref"] >= 0
 
 
+def test_sd3_folder_with_bf16_weights_loads_in_float32(tmp_path):
+    """Published SD3.5 folders hold bf16 / fp16 weights. transformers 5 loads a text encoder in its saved dtype,
+    diffusers the transformer in float32: without one dtype for the pipeline, sampling failed at the first step
+    (``mat1 and mat2 must have the same dtype``, the pooled prompt embedding)."""
+    from diffusers import SD3Transformer2DModel
+    from transformers import AutoModel
+
+    folder = tiny_sd3_pipeline(tmp_path / "sd3")
+    for name in ("transformer", "text_encoder", "text_encoder_2", "text_encoder_3"):
+        loaded = (SD3Transformer2DModel if name == "transformer" else AutoModel).from_pretrained(folder / name)
+        loaded.to(torch.bfloat16).save_pretrained(folder / name)
+    policy = DiffusionPolicy.from_config(DiffusionConfig(pretrained=str(folder), num_steps=3, eval_num_steps=3,
+                                                         max_sequence_length=8))
+    assert {p.dtype for p in policy.parameters()} == {torch.float32}
+    rollout = policy.rollout(prompts(2), 2, SamplingParams(), seed=0)
+    torch.testing.assert_close(policy(rollout).logp, rollout.logp, atol=2e-5, rtol=0)
+
+
 @pytest.mark.parametrize("recipe", ["ddpo/sd15_lora_gpu", "flow_grpo/sd3_5_medium_lora_gpu"])
 def test_gpu_recipes_validate(recipe):
     """The GPU recipes cannot run here (no GPU, no checkpoints) but must be valid configs: a local
