@@ -9,8 +9,7 @@ Full size where the step's cost is: the SD3.5-Medium transformer (24 MMDiT-X lay
 attention in layers 0-12, RMS QK-norm; 2.5 B parameters) and the SD3 VAE (16 latent channels) at their
 published shapes, and the two CLIP text encoders (L/14 and bigG/14 sizes, 77 tokens). The T5 encoder has
 T5-XXL's width (4096, what the transformer attends to) but 1 of its 24 layers: prompts are encoded once per
-step, which is not the step's cost. (A folder without T5 does not load: diffusers saves the missing encoder
-as ``[null, null]`` and ``StableDiffusion3Pipeline.from_pretrained`` then refuses the folder.) Tokenizers are
+step, which is not the step's cost, and the pipeline keeps the published layout (T5 present). Tokenizers are
 a word-level one over the task's prompt words (random weights: the vocabulary does not change the cost).
 
     python bench/bench_sd3_gpu.py [--json PATH]

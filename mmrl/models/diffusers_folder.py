@@ -45,7 +45,10 @@ def load_sd3_pipeline(folder: Path) -> Any:
     if missing:
         raise FileNotFoundError(f"SD3 pipeline folder {folder} lacks the components {missing} (model_index.json "
                                 f"entries and sub-folders {list(SD3_REQUIRED_COMPONENTS)} are required)")
-    return StableDiffusion3Pipeline.from_pretrained(folder, torch_dtype=torch.float32)
+    # diffusers loads no folder whose T5 is missing (absent or ``[null, null]`` in model_index.json) unless told.
+    absent = {name: None for name in ("text_encoder_3", "tokenizer_3")
+              if not (isinstance(index.get(name), list) and index[name][0] and (folder / name).is_dir())}
+    return StableDiffusion3Pipeline.from_pretrained(folder, torch_dtype=torch.float32, **absent)
 
 
 def load_pipeline_components(folder: Path) -> tuple[Any, Any, Any, Any, AutoencoderKL | None]:

@@ -3,7 +3,7 @@
 
 accelerate 1.16 alone turns this launch into DDP on CPU; ``Engine`` switches it to FSDP2 (docs/scaling.md).
 Checked here: the run really is sharded (each process holds about half the parameters), its update equals
-the 1-process update on the same global batch (text and tiny VLM policies), its rollouts (HF ``generate``
+the 1-process update on the same global batch (text and tiny VLM policies; LoRA in the slow suite), its rollouts (HF ``generate``
 inside ``Engine.full_parameters``) equal the 1-process ones, its sharded checkpoints resume to exactly the
 uninterrupted run, and the checkpoint's ``policy/`` folder holds the whole weights of the sharded state.
 About 80 s in all on 2 CPU cores.
@@ -27,6 +27,7 @@ SCRIPT = Path(__file__).resolve().parent / "update_equivalence.py"
 FSDP_CONFIG = ROOT / "configs" / "accelerate" / "fsdp_cpu_2proc.yaml"
 ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch"]
 LR = 3e-4  # trainer.lr of both tiny recipes
+LORA_LR = 1e-2  # adapters move little at 3e-4 in two steps
 
 
 def free_port() -> int:
@@ -54,14 +55,20 @@ def launch_fsdp(layer_class: str) -> list[str]:
 
 
 @pytest.mark.parametrize("recipe, layer_class, overrides", [
-    ("configs/sanity/tiny_cpu.yaml", "Qwen2DecoderLayer", ["trainer.warmup_steps=3"]),
+    ("configs/sanity/tiny_cpu.yaml", "Qwen2DecoderLayer", ["trainer.ref_model=copy", "trainer.warmup_steps=3"]),
     # No warm start: every reward is 0, so the entropy bonus and the KL term carry the update.
-    ("configs/vlm_sanity/tiny_cpu.yaml", "Qwen2_5_VLDecoderLayer", ["rollout.max_new_tokens=8"]),
-], ids=["text", "vlm"])
+    ("configs/vlm_sanity/tiny_cpu.yaml", "Qwen2_5_VLDecoderLayer", ["trainer.ref_model=copy",
+                                                                    "rollout.max_new_tokens=8"]),
+    # LoRA: frozen and trainable parameters sharded together; the reference is the adapters-off base.
+    pytest.param("configs/sanity/tiny_cpu.yaml", "Qwen2DecoderLayer",
+                 ["trainer.ref_model=adapter_disabled", "policy.args.lora_rank=4", f"trainer.lr={LORA_LR}"],
+                 marks=pytest.mark.slow),
+], ids=["text", "vlm", "text-lora"])
 def test_fsdp_two_process_update_equals_one_process(tmp_path, recipe, layer_class, overrides):
     env = env_for(tmp_path)
+    lr = LORA_LR if f"trainer.lr={LORA_LR}" in overrides else LR
     common = ["--recipe", str(ROOT / recipe), "--ppo-epochs", "2", "algo.kl_coef=0.05", "algo.entropy_coef=0.01",
-              "trainer.ref_model=copy", *overrides]
+              *overrides]
     run([sys.executable, str(SCRIPT), "--out", str(tmp_path / "one"), "--result", str(tmp_path / "one.pt"),
          "--micro-batch-size", "3", *common], env)
     run([*launch_fsdp(layer_class), str(SCRIPT), "--out", str(tmp_path / "two"), "--result", str(tmp_path / "two.pt"),
@@ -85,10 +92,10 @@ def test_fsdp_two_process_update_equals_one_process(tmp_path, recipe, layer_clas
     assert one["params"].keys() == two["params"].keys()
     changed = 0.0
     for name, p1 in one["params"].items():
-        torch.testing.assert_close(two["params"][name], p1, atol=0.01 * LR, rtol=1e-5, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(two["params"][name], p1, atol=0.01 * lr, rtol=1e-5, msg=lambda m: f"{name}: {m}")
         assert torch.equal(one["initial"][name], two["initial"][name])
         changed = max(changed, float((p1 - one["initial"][name]).abs().max()))
-    assert changed > 0.5 * LR, f"the update barely moved the parameters ({changed})"
+    assert changed > 0.5 * lr, f"the update barely moved the parameters ({changed})"
 
     m1, m2 = one["metrics"], two["metrics"]
     assert m1.keys() == m2.keys()

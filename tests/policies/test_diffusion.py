@@ -419,6 +419,24 @@ def test_sd3_folder_with_bf16_weights_loads_in_float32(tmp_path):
     torch.testing.assert_close(policy(rollout).logp, rollout.logp, atol=2e-5, rtol=0)
 
 
+def test_sd3_folder_without_t5_loads_and_samples(tmp_path):
+    """SD3 runs without its T5 encoder (zeros of its shape instead); diffusers' own save of such a pipeline
+    writes ``text_encoder_3: [null, null]``, which its ``from_pretrained`` refuses unless told."""
+    from diffusers import StableDiffusion3Pipeline
+
+    full = StableDiffusion3Pipeline.from_pretrained(tiny_sd3_pipeline(tmp_path / "full"))
+    components = {name: getattr(full, name) for name in ("transformer", "scheduler", "vae", "text_encoder",
+                                                          "tokenizer", "text_encoder_2", "tokenizer_2")}
+    StableDiffusion3Pipeline(**components, text_encoder_3=None, tokenizer_3=None).save_pretrained(tmp_path / "no_t5")
+    assert json.loads((tmp_path / "no_t5" / "model_index.json").read_text())["text_encoder_3"] == [None, None]
+    policy = DiffusionPolicy.from_config(DiffusionConfig(pretrained=str(tmp_path / "no_t5"), num_steps=3,
+                                                         eval_num_steps=3, max_sequence_length=8))
+    assert policy.sd3.text_encoder_3 is None
+    rollout = policy.rollout(prompts(2), 2, SamplingParams(), seed=0)
+    assert rollout.payload.cond.shape == (4, 16 * 32 + 32)  # 8 CLIP + 8 (zero) T5 tokens, as with T5
+    torch.testing.assert_close(policy(rollout).logp, rollout.logp, atol=2e-5, rtol=0)
+
+
 @pytest.mark.parametrize("recipe", ["ddpo/sd15_lora_gpu", "flow_grpo/sd3_5_medium_lora_gpu"])
 def test_gpu_recipes_validate(recipe):
     """The GPU recipes cannot run here (no GPU, no checkpoints) but must be valid configs: a local
