@@ -115,7 +115,7 @@ class Engine:
             # inner model (generate) and so the decoder layers' forward first, which would make a
             # layer the root and fail the first update ("requires running forward through the root
             # module first"). There is no public call for this: the root is settled here, once.
-            model = next(obj for obj in (prepared if isinstance(prepared, tuple) else (prepared,))
+            model = next(obj for obj in (prepared if isinstance(prepared, (tuple, list)) else (prepared,))
                          if isinstance(obj, torch.nn.Module))
             model._get_fsdp_state()._lazy_init()
         return prepared
