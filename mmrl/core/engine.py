@@ -17,8 +17,8 @@ from collections.abc import Iterator
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 from accelerate.state import PartialState
+from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 from torch import Tensor
 
 from mmrl.core.config import ConfigError
