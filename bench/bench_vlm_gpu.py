@@ -8,7 +8,12 @@ tokens each); with random weights completions never stop early, so every row sam
 ``--max-new-tokens`` tokens.
 
     python bench/bench_vlm_gpu.py [--prompts 8] [--group-size 8] [--max-new-tokens 128] [--lora 0]
+    python bench/bench_vlm_gpu.py --sampler vllm      # the colocated vLLM engine (its own environment)
     python bench/bench_vlm_gpu.py --tiny     # CPU smoke test of this script on the tiny model
+
+With ``--sampler vllm`` the engine starts from a temporary folder of the random weights, and each
+repeat's optimizer step is followed by the weight push to the engine before the next rollout (the
+trainer's order): its time is ``weight_sync_s``. ``--json PATH`` writes the numbers (bench/gpu_check.sh).
 
 Needs a CUDA device (bf16, sdpa). Not run in CI.
 """
@@ -16,8 +21,10 @@ Needs a CUDA device (bf16, sdpa). Not run in CI.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -44,7 +51,8 @@ def build_policy(args):
     spec = load_spec("vlm/qwen2_5_vl_tiny.json")
     cfg = VLMConfig(model_spec="vlm/qwen2_5_vl_tiny.json", max_pixels=args.image_size ** 2,
                     min_pixels=min(3136, args.image_size ** 2), max_prompt_tokens=4096,
-                    attn_implementation="sdpa", lora_rank=args.lora, gradient_checkpointing=args.gradient_checkpointing)
+                    attn_implementation="sdpa", lora_rank=args.lora, gradient_checkpointing=args.gradient_checkpointing,
+                    sampler=args.sampler)
     processor = build_processor(spec)
     tok = processor.tokenizer
     if args.tiny:
@@ -80,11 +88,16 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, default=16, help="rows per forward/backward in the update")
     parser.add_argument("--lora", type=int, default=0, help="LoRA rank (0: full fine-tuning)")
     parser.add_argument("--gradient-checkpointing", action="store_true")
+    parser.add_argument("--sampler", choices=["hf", "vllm"], default="hf",
+                        help="hf: transformers generate; vllm: the colocated vLLM engine (needs vllm and a GPU)")
     parser.add_argument("--tiny", action="store_true", help="the tiny model on CPU (a smoke test of this script)")
+    parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
     args = parser.parse_args()
     args.device = "cpu" if args.tiny else "cuda"
     if not args.tiny and not torch.cuda.is_available():
         raise SystemExit("bench_vlm_gpu.py needs a CUDA device (use --tiny for a CPU smoke test)")
+    if args.sampler == "vllm" and args.device != "cuda":
+        raise SystemExit("bench_vlm_gpu.py --sampler vllm needs a CUDA device")
 
     from mmrl.core.registry import make_task
     from mmrl.core.rollout import SamplingParams
@@ -98,7 +111,7 @@ def main() -> None:
     optimizer = torch.optim.AdamW(trainable, lr=1e-6)
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
 
-    rates, steps = [], []
+    rates, steps, syncs, peaks = [], [], [], []
     for repeat in range(args.repeats + 1):  # repeat 0 warms up
         if args.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
@@ -121,17 +134,34 @@ def main() -> None:
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        policy.version += 1  # as the trainer does: the next rollout pushes the new weights to an engine
         sync()
         step_s = time.perf_counter() - start
+        # The weight push of this repeat's rollout (0 for the HF sampler, and for repeat 0's engine start).
+        weight_sync_s = float(rollout.stats.get("perf/weight_sync_s", 0.0))
         if repeat:
             rates.append(float(rollout.mask.sum()) / rollout_s)
             steps.append(step_s)
+            syncs.append(weight_sync_s)
             peak = torch.cuda.max_memory_allocated() / 2**30 if args.device == "cuda" else 0.0
-            print(f"repeat {repeat}: rollout {rollout_s:.2f}s ({rates[-1]:.0f} tok/s, peak {rollout_peak:.1f} GiB), "
-                  f"update {step_s:.2f}s (peak {peak:.1f} GiB)")
-    print(f"{'tiny' if args.tiny else 'Qwen2.5-VL-3B'} ({params / 1e9:.2f} B params, {'LoRA r=' + str(args.lora) if args.lora else 'full'}), "
-          f"{args.prompts}x{args.group_size} rows, {args.image_size} px, {args.max_new_tokens} new tokens: "
-          f"rollout {statistics.median(rates):.0f} tok/s, update step {statistics.median(steps):.2f} s")
+            peaks.append((rollout_peak, peak))
+            print(f"repeat {repeat}: rollout {rollout_s:.2f}s ({rates[-1]:.0f} tok/s, peak {rollout_peak:.1f} GiB, "
+                  f"weight sync {weight_sync_s:.2f}s), update {step_s:.2f}s (peak {peak:.1f} GiB)")
+    name = "tiny" if args.tiny else "Qwen2.5-VL-3B"
+    print(f"{name} ({params / 1e9:.2f} B params, {'LoRA r=' + str(args.lora) if args.lora else 'full'}, "
+          f"{args.sampler} sampler), {args.prompts}x{args.group_size} rows, {args.image_size} px, {args.max_new_tokens} "
+          f"new tokens: rollout {statistics.median(rates):.0f} tok/s, update step {statistics.median(steps):.2f} s, "
+          f"weight sync {statistics.median(syncs):.2f} s")
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({
+            "model": name, "params_b": params / 1e9, "sampler": args.sampler, "lora_rank": args.lora,
+            "gradient_checkpointing": args.gradient_checkpointing, "rows": args.prompts * args.group_size,
+            "image_size": args.image_size, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
+            "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+            "rollout_tokens_per_s": statistics.median(rates), "update_step_s": statistics.median(steps),
+            "weight_sync_s": statistics.median(syncs), "rollout_peak_gib": max(p[0] for p in peaks),
+            "update_peak_gib": max(p[1] for p in peaks)}, indent=1))
 
 
 if __name__ == "__main__":

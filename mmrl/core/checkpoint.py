@@ -15,14 +15,18 @@ the steps since the previous checkpoint, with a warning naming the file, instead
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
 import os
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from mmrl.core.config import ConfigError, TrainConfig, dump_config, to_dict
 from mmrl.core.logging import truncate_metrics
@@ -186,9 +190,41 @@ def finalize(tmp: Path, final: Path, state: dict[str, Any], keep_last: int) -> N
             shutil.rmtree(final.parent / f"step_{old}", ignore_errors=True)
 
 
+@contextlib.contextmanager
+def whole_weights_on_main(engine: Any, policy: torch.nn.Module) -> Iterator[None]:
+    """On the main process, ``policy``'s sharded (FSDP2 DTensor) parameters are replaced by whole CPU
+    tensors for the duration, so that its own ``save_pretrained`` (whose ``state_dict`` FSDP would
+    otherwise hand shards) writes whole weights. All processes enter: the weights are gathered with
+    torch's distributed-checkpoint API. Without sharding it does nothing."""
+    if not engine.sharded:
+        yield
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.tensor import DTensor
+
+    whole = get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    swapped = []
+    if engine.is_main:
+        # One whole tensor per parameter, set wherever that parameter is registered: tied weights
+        # (embeddings = LM head) stay tied, which save_pretrained relies on.
+        replacement = {id(param): torch.nn.Parameter(whole[name], requires_grad=param.requires_grad)
+                       for name, param in policy.named_parameters() if isinstance(param, DTensor)}
+        for module in policy.modules():
+            for attr, param in list(module._parameters.items()):
+                if param is not None and id(param) in replacement:
+                    module._parameters[attr] = replacement[id(param)]
+                    swapped.append((module, attr, param))
+    try:
+        yield
+    finally:
+        for owner, attr, param in swapped:
+            owner._parameters[attr] = param
+
+
 def save(engine: Any, policy: Any, out: Path, step: int, state: dict[str, Any], keep_last: int) -> None:
     """Write ``checkpoints/step_<step>``: accelerate's state (model, optimizer, scheduler, every process's RNG
-    states), the policy in its ecosystem's format (``policy/``) and ``state``; atomically, all processes."""
+    states; sharded under FSDP), the policy in its ecosystem's format (``policy/``, whole weights) and
+    ``state``; atomically, all processes."""
     final = checkpoint_dir(out, step)
     tmp = final.with_name(f".{final.name}.tmp")
     if engine.is_main:
@@ -196,8 +232,10 @@ def save(engine: Any, policy: Any, out: Path, step: int, state: dict[str, Any], 
     engine.wait()
     engine.accelerator.save_state(str(tmp))
     engine.wait()  # every process has written its RNG state into tmp before it is renamed
+    with whole_weights_on_main(engine, policy):
+        if engine.is_main:
+            policy.save_pretrained(str(tmp / "policy"))
     if engine.is_main:
-        policy.save_pretrained(str(tmp / "policy"))
         finalize(tmp, final, state, keep_last)
     engine.wait()
 

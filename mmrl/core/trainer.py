@@ -92,7 +92,8 @@ class Trainer:
         while self.step < cfg.trainer.steps:
             self.step += 1
             start = time.perf_counter()
-            batch = self.collect()
+            with self.engine.full_parameters(self.model):  # sampling: whole weights on every process (FSDP)
+                batch = self.collect()
             rollout_s = time.perf_counter() - start
             row = {"step": self.step, **batch.stats}
             advantages, returns, reference = self.advantages(batch)
@@ -271,7 +272,8 @@ class Trainer:
     # -- evaluation and checkpoints ------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
         """Held-out metrics (:func:`mmrl.core.evaluate.evaluate_sets`); sample outputs to the logger."""
-        metrics, samples = evaluate_sets(self.policy, self.task, self.cfg, self.engine, self.eval_sets, self.step)
+        with self.engine.full_parameters(self.model):
+            metrics, samples = evaluate_sets(self.policy, self.task, self.cfg, self.engine, self.eval_sets, self.step)
         self.logger.log_samples(self.step, samples)
         return metrics
 

@@ -31,7 +31,12 @@ def is_sd3_folder(folder: Path) -> bool:
 
 def load_sd3_pipeline(folder: Path) -> Any:
     """A local Stable Diffusion 3 / 3.5 folder as diffusers' ``StableDiffusion3Pipeline`` (its
-    components, prompt encoding and config, loaded unchanged; the T5 encoder may be absent)."""
+    components, prompt encoding and config, loaded unchanged; the T5 encoder may be absent), every
+    component in float32: the policy computes in float32 (bf16 through the trainer's autocast), while
+    transformers 5 would load the text encoders in the checkpoint's dtype (bf16 / fp16 in the published
+    SD3.5 folders) beside a float32 transformer, and sampling would fail at the first step on the
+    mismatched pooled prompt embedding."""
+    import torch
     from diffusers import StableDiffusion3Pipeline
 
     index = json.loads((folder / "model_index.json").read_text())
@@ -40,7 +45,10 @@ def load_sd3_pipeline(folder: Path) -> Any:
     if missing:
         raise FileNotFoundError(f"SD3 pipeline folder {folder} lacks the components {missing} (model_index.json "
                                 f"entries and sub-folders {list(SD3_REQUIRED_COMPONENTS)} are required)")
-    return StableDiffusion3Pipeline.from_pretrained(folder)
+    # diffusers loads no folder whose T5 is missing (absent or ``[null, null]`` in model_index.json) unless told.
+    absent = {name: None for name in ("text_encoder_3", "tokenizer_3")
+              if not (isinstance(index.get(name), list) and index[name][0] and (folder / name).is_dir())}
+    return StableDiffusion3Pipeline.from_pretrained(folder, torch_dtype=torch.float32, **absent)
 
 
 def load_pipeline_components(folder: Path) -> tuple[Any, Any, Any, Any, AutoencoderKL | None]:

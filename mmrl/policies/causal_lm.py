@@ -42,6 +42,8 @@ class CausalLMConfig:
     dtype: Literal["float32", "bfloat16"] = "float32"
     value_head: bool = False
     """Add a linear critic on the last hidden state (PPO with GAE); saved as value_head.safetensors."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass (large models); the same gradients, with or without LoRA."""
     lora_rank: int = 0
     """> 0: train LoRA adapters (peft) of this rank instead of all weights (Hu et al. 2021); the
     base with adapters disabled can then serve as the reference (trainer.ref_model: adapter_disabled)."""
@@ -130,6 +132,8 @@ class CausalLMPolicy(Policy):
                 torch.manual_seed(cfg.init_seed)
                 policy = cls(AutoModelForCausalLM.from_config(config, dtype=dtype), tokenizer,
                              value_head=cfg.value_head)
+        if cfg.gradient_checkpointing:  # before LoRA, as in the VLM policy: peft then makes the frozen
+            policy.model.gradient_checkpointing_enable()  # embeddings' output require grad for the adapters
         if cfg.lora_rank > 0:
             policy.add_lora(cfg)
         return policy

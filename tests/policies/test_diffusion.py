@@ -401,6 +401,42 @@ def test_sd3_folder_takes_the_same_path(tmp_path):
     assert rows[-1]["step"] == 1 and rows[-1]["train/skipped_updates"] == 0 and rows[-1]["policy/kl_ref"] >= 0
 
 
+def test_sd3_folder_with_bf16_weights_loads_in_float32(tmp_path):
+    """Published SD3.5 folders hold bf16 / fp16 weights. transformers 5 loads a text encoder in its saved dtype,
+    diffusers the transformer in float32: without one dtype for the pipeline, sampling failed at the first step
+    (``mat1 and mat2 must have the same dtype``, the pooled prompt embedding)."""
+    from diffusers import SD3Transformer2DModel
+    from transformers import AutoModel
+
+    folder = tiny_sd3_pipeline(tmp_path / "sd3")
+    for name in ("transformer", "text_encoder", "text_encoder_2", "text_encoder_3"):
+        loaded = (SD3Transformer2DModel if name == "transformer" else AutoModel).from_pretrained(folder / name)
+        loaded.to(torch.bfloat16).save_pretrained(folder / name)
+    policy = DiffusionPolicy.from_config(DiffusionConfig(pretrained=str(folder), num_steps=3, eval_num_steps=3,
+                                                         max_sequence_length=8))
+    assert {p.dtype for p in policy.parameters()} == {torch.float32}
+    rollout = policy.rollout(prompts(2), 2, SamplingParams(), seed=0)
+    torch.testing.assert_close(policy(rollout).logp, rollout.logp, atol=2e-5, rtol=0)
+
+
+def test_sd3_folder_without_t5_loads_and_samples(tmp_path):
+    """SD3 runs without its T5 encoder (zeros of its shape instead); diffusers' own save of such a pipeline
+    writes ``text_encoder_3: [null, null]``, which its ``from_pretrained`` refuses unless told."""
+    from diffusers import StableDiffusion3Pipeline
+
+    full = StableDiffusion3Pipeline.from_pretrained(tiny_sd3_pipeline(tmp_path / "full"))
+    components = {name: getattr(full, name) for name in ("transformer", "scheduler", "vae", "text_encoder",
+                                                          "tokenizer", "text_encoder_2", "tokenizer_2")}
+    StableDiffusion3Pipeline(**components, text_encoder_3=None, tokenizer_3=None).save_pretrained(tmp_path / "no_t5")
+    assert json.loads((tmp_path / "no_t5" / "model_index.json").read_text())["text_encoder_3"] == [None, None]
+    policy = DiffusionPolicy.from_config(DiffusionConfig(pretrained=str(tmp_path / "no_t5"), num_steps=3,
+                                                         eval_num_steps=3, max_sequence_length=8))
+    assert policy.sd3.text_encoder_3 is None
+    rollout = policy.rollout(prompts(2), 2, SamplingParams(), seed=0)
+    assert rollout.payload.cond.shape == (4, 16 * 32 + 32)  # 8 CLIP + 8 (zero) T5 tokens, as with T5
+    torch.testing.assert_close(policy(rollout).logp, rollout.logp, atol=2e-5, rtol=0)
+
+
 @pytest.mark.parametrize("recipe", ["ddpo/sd15_lora_gpu", "flow_grpo/sd3_5_medium_lora_gpu"])
 def test_gpu_recipes_validate(recipe):
     """The GPU recipes cannot run here (no GPU, no checkpoints) but must be valid configs: a local
