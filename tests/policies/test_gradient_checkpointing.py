@@ -44,7 +44,7 @@ def examples_for(kind: str) -> list:
     return make_task("sanity/reverse-v0", {"min_len": 2, "max_len": 6}).sample_batch("train", 4, np.random.default_rng(0))
 
 
-def loss_grads_and_attention_calls(policy: Policy, rollout: Rollout) -> tuple[torch.Tensor, dict[str, torch.Tensor], int]:
+def loss_grads_and_attention_calls(policy: Policy, rollout: Rollout, kind: str) -> tuple[torch.Tensor, dict[str, torch.Tensor], int]:
     """A policy-gradient-shaped loss (log-probs and an entropy bonus) in train mode, its backward, the
     adapters' gradients and how often the first decoder layer's attention ran."""
     with torch.no_grad():  # non-zero B (seeded per name), so that A gets a gradient too
@@ -55,7 +55,10 @@ def loss_grads_and_attention_calls(policy: Policy, rollout: Rollout) -> tuple[to
     calls = []
     handle = attention.register_forward_hook(lambda *_: calls.append(1))
     policy.train()
-    out = policy(rollout, with_entropy=True)
+    # The VLM row by row in both cases (without checkpointing it would share each prompt across its rows:
+    # two forwards, tests/policies/test_shared_prefix.py), so the call count shows the recomputation.
+    out = policy.score(rollout.payload, with_entropy=True, shared_prefix=False) if kind == "vlm" \
+        else policy(rollout, with_entropy=True)
     mask = rollout.mask
     loss = -((out.logp + 0.01 * out.entropy) * mask).sum() / mask.sum()
     loss.backward()
@@ -69,8 +72,8 @@ def test_gradient_checkpointing_with_lora_gives_the_same_loss_and_gradients(kind
     plain, checkpointed = build(kind, False), build(kind, True)
     rollout = plain.rollout(examples_for(kind), 3, SamplingParams(max_new_tokens=8), seed=0)
     assert rollout.mask.sum() > 10
-    loss, grads, calls = loss_grads_and_attention_calls(plain, rollout)
-    loss_gc, grads_gc, calls_gc = loss_grads_and_attention_calls(checkpointed, rollout)
+    loss, grads, calls = loss_grads_and_attention_calls(plain, rollout, kind)
+    loss_gc, grads_gc, calls_gc = loss_grads_and_attention_calls(checkpointed, rollout, kind)
 
     assert (calls, calls_gc) == (1, 2)  # checkpointing recomputed the layer in the backward pass
     torch.testing.assert_close(loss_gc, loss, rtol=1e-6, atol=0.0)
