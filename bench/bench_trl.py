@@ -56,7 +56,8 @@ Clipping
 Sampling
     ``temperature``, ``top_p`` as the recipe; ``top_k=0`` (mmrl passes ``top_k=0`` to ``generate``);
     ``max_completion_length = rollout.max_new_tokens``; ``use_vllm=False`` (HF ``generate`` both sides);
-    ``repetition_penalty=1``. Both stop at every EOS id of the folder's ``generation_config.json``.
+    ``repetition_penalty=1``. Both stop at the same EOS ids (checked: mmrl's tokenizer EOS and
+    ``<|im_end|>``, TRL's ``generation_config.json`` ids and tokenizer EOS).
 Blocked special tokens
     mmrl never samples the tokenizer's special tokens (vision ones included) other than EOS, nor
     embedding rows past the tokenizer, and leaves them out of its scored distribution. TRL blocks only
@@ -73,7 +74,12 @@ Data
     ``datasets.Dataset`` with a conversational ``prompt`` (image and text blocks where mmrl's chat
     messages put them) and an ``images`` column (``shuffle_dataset=False``). The token ids, token types,
     ``pixel_values`` and ``image_grid_thw`` that each side passes to ``generate`` for its first batch are
-    saved and checked equal (prompt rows compared without their padding).
+    saved and checked equal (prompt rows compared without their padding). TRL runs its processor a second
+    time for the training forward (``processing_class(images=..., text=...)``); mmrl keeps the encoded
+    prompts in the rollout. Each framework's extra work is part of its time.
+Logging
+    TRL logs every optimizer step (``logging_steps=1``: the losses are read from ``log_history``) without
+    printing; mmrl's ``update`` returns its metrics every step. Neither evaluates nor saves checkpoints.
 """
 
 from __future__ import annotations
@@ -318,9 +324,9 @@ def run_mmrl(spec: RunSpec) -> RunResult:
 def trl_prompt(example: Any) -> list[dict]:
     """The example as a conversational TRL prompt: image placeholders and text blocks in the order of its
     ``<image>`` markers (where mmrl's chat messages put them); a system text as a text block."""
-    from mmrl.core.contracts import IMAGE_PLACEHOLDER, answer_prefix_of, turns_of
+    from mmrl.core.contracts import IMAGE_PLACEHOLDER, VideoPrompt, answer_prefix_of, turns_of
 
-    if answer_prefix_of(example) or turns_of(example) or getattr(example, "videos", ()):
+    if answer_prefix_of(example) or turns_of(example) or isinstance(example, VideoPrompt):
         raise ValueError("the TRL comparison takes single-turn image prompts without an answer prefix or videos")
     content = [{"type": "image", "text": None} if piece == IMAGE_PLACEHOLDER else {"type": "text", "text": piece}
                for piece in re.split(f"({re.escape(IMAGE_PLACEHOLDER)})", example.prompt) if piece]
@@ -545,9 +551,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", default="4,8,16", help="prompts per step (× group 8), comma-separated")
     parser.add_argument("--setting", choices=[*SETTINGS, "both"], default="both")
-    parser.add_argument("--steps", type=int, default=12, help="timed steps per run")
+    parser.add_argument("--steps", type=int, default=16, help="timed steps per run")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps at the start of each run")
-    parser.add_argument("--repeats", type=int, default=1, help="ABBA pairs of runs per setting and batch size")
+    parser.add_argument("--repeats", type=int, default=2,
+                        help="ABBA pairs of runs per setting and batch size (medians over steps × repeats per side)")
     parser.add_argument("--threads", type=int, default=1, help="torch / OpenMP threads of every run")
     parser.add_argument("--quick", action="store_true", help="smoke test: 1 warm-up + 2 timed steps, 1 pair")
     parser.add_argument("--trl-gradient-checkpointing", action="store_true",
