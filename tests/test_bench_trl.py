@@ -29,7 +29,7 @@ def bench():
 def policy(bench, tmp_path_factory):
     # A short warm start (the recipe's is 240 steps): enough for some group rewards to differ within the two
     # steps each side runs (one untimed, one timed), so both update.
-    return bench.prepare_policy(tmp_path_factory.mktemp("policy"), ["warm_start.sft_steps=80"])
+    return bench.prepare_policy(tmp_path_factory.mktemp("policy"), ["warm_start.sft_steps=80", "warm_start.batch_size=8"])
 
 
 def test_one_step_each_side_identical_inputs_and_training(bench, policy, tmp_path):
