@@ -102,7 +102,14 @@ from typing import Any, Literal
 import numpy as np
 import psutil
 import torch
-from transformers import PrinterCallback, TrainerCallback
+from transformers import AutoModelForImageTextToText, AutoProcessor, PrinterCallback, TrainerCallback
+
+from mmrl.core.config import TrainConfig, load_config
+from mmrl.core.contracts import IMAGE_PLACEHOLDER, VideoPrompt, answer_prefix_of, turns_of
+from mmrl.core.engine import set_threads
+from mmrl.core.registry import make_task
+from mmrl.core.trainer import Trainer
+from mmrl.core.warm_start import build_initial_policy
 
 RECIPE = "spatial_ssrl/tiny_cpu"
 QUIET = ["log.progress=false", "log.tensorboard=false", "eval.num_examples=1"]
@@ -127,10 +134,6 @@ class PolicyFolder:
 def prepare_policy(folder: str | Path, overrides: Sequence[str] = ()) -> PolicyFolder:
     """Build the recipe's initial policy once (the SFT warm start, cached under ``$MMRL_CACHE``) and save
     it to ``folder`` with its processor, so both frameworks load exactly these weights."""
-    from mmrl.core.config import load_config
-    from mmrl.core.engine import set_threads
-    from mmrl.core.warm_start import build_initial_policy
-
     cfg = load_config(RECIPE, [*QUIET, *overrides])
     set_threads(cfg.trainer.threads)
     policy = build_initial_policy(cfg)
@@ -160,10 +163,8 @@ class RunSpec:
         return self.warmup + self.steps
 
 
-def run_config(spec: RunSpec):
+def run_config(spec: RunSpec) -> TrainConfig:
     """The recipe with the setting's epochs and minibatches, starting from the saved folder."""
-    from mmrl.core.config import load_config
-
     epochs, minibatches = SETTINGS[spec.setting]
     return load_config(RECIPE, [
         *QUIET, f"policy.args.pretrained={spec.policy.path}", "policy.args.model_spec=null",
@@ -172,10 +173,8 @@ def run_config(spec: RunSpec):
         *spec.overrides])
 
 
-def draw_examples(cfg, cycles: int) -> list[list[Any]]:
+def draw_examples(cfg: TrainConfig, cycles: int) -> list[list[Any]]:
     """The prompts the mmrl trainer draws in its first ``cycles`` steps (its ``data_rng`` is seeded the same)."""
-    from mmrl.core.registry import make_task
-
     task = make_task(cfg.task.name, cfg.task.args)
     rng = np.random.default_rng(cfg.trainer.seed)
     return [task.sample_batch("train", cfg.rollout.prompts_per_step, rng) for _ in range(cycles)]
@@ -225,7 +224,7 @@ class GenerateRecorder:
         self.original = model.generate
         model.generate = self  # instance attribute: shadows the class's method for this model only
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if not self.saved:
             torch.save({k: kwargs[k].detach().cpu() for k in self.KEYS if kwargs.get(k) is not None}, self.path)
             self.saved = True
@@ -241,6 +240,7 @@ class GenerateRecorder:
 
 
 def parameters_snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Copies of the trained weights."""
     return {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
 
 
@@ -289,8 +289,6 @@ def check_trained(result: RunResult) -> None:
 # -- mmrl ----------------------------------------------------------------------------------------------------
 def run_mmrl(spec: RunSpec) -> RunResult:
     """``spec.cycles`` mmrl steps (collect → advantages → update), the first ``spec.warmup`` untimed."""
-    from mmrl.core.trainer import Trainer
-
     cfg = run_config(spec)
     expected = draw_examples(cfg, spec.cycles)
     result = RunResult("mmrl", spec.setting, spec.prompts, spec.prompts * cfg.rollout.group_size,
@@ -324,8 +322,6 @@ def run_mmrl(spec: RunSpec) -> RunResult:
 def trl_prompt(example: Any) -> list[dict]:
     """The example as a conversational TRL prompt: image placeholders and text blocks in the order of its
     ``<image>`` markers (where mmrl's chat messages put them); a system text as a text block."""
-    from mmrl.core.contracts import IMAGE_PLACEHOLDER, VideoPrompt, answer_prefix_of, turns_of
-
     if answer_prefix_of(example) or turns_of(example) or isinstance(example, VideoPrompt):
         raise ValueError("the TRL comparison takes single-turn image prompts without an answer prefix or videos")
     content = [{"type": "image", "text": None} if piece == IMAGE_PLACEHOLDER else {"type": "text", "text": piece}
@@ -355,9 +351,9 @@ def task_reward(task: Any, examples: list[Any]) -> Callable[..., list[float]]:
     return spatial_ssrl_reward
 
 
-def trl_config(cfg, spec: RunSpec, out: str):
+def trl_config(cfg: TrainConfig, spec: RunSpec, out: str) -> Any:
     """The recipe (one setting) as a ``GRPOConfig``; fails on recipe fields TRL cannot express the same way."""
-    from trl import GRPOConfig
+    from trl import GRPOConfig  # the bench extra: imported only where TRL runs
 
     a, t, r = cfg.algo, cfg.trainer, cfg.rollout
     same = {"advantage": (a.advantage, "grpo"), "policy_loss": (a.policy_loss, "ppo_clip"),
@@ -389,10 +385,7 @@ def trl_config(cfg, spec: RunSpec, out: str):
 
 def run_trl(spec: RunSpec) -> RunResult:
     """``spec.cycles`` generation batches through ``GRPOTrainer.train``, the first ``spec.warmup`` untimed."""
-    from transformers import AutoModelForImageTextToText, AutoProcessor
-    from trl import GRPOTrainer
-
-    from mmrl.core.registry import make_task
+    from trl import GRPOTrainer  # the bench extra: imported only where TRL runs
 
     cfg = run_config(spec)
     torch.set_num_threads(spec.threads)
@@ -461,6 +454,7 @@ class TRLStepClock(TrainerCallback):
 
 # -- the parent: identical inputs, ABBA runs, medians ---------------------------------------------------------
 def unpadded_rows(ids: torch.Tensor, mask: torch.Tensor) -> list[list[int]]:
+    """Each row of ``ids`` [N, P] where ``mask`` is 1 (the left padding dropped)."""
     return [row[m.bool()].tolist() for row, m in zip(ids, mask)]
 
 
@@ -507,6 +501,7 @@ def abba(pairs: int) -> list[Framework]:
 
 
 def median_of(runs: list[RunResult], name: str) -> float:
+    """Median of the per-step list ``name`` over all timed steps of ``runs``."""
     return statistics.median(v for r in runs for v in getattr(r, name))
 
 
