@@ -103,6 +103,7 @@ import numpy as np
 import psutil
 import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor, PrinterCallback, TrainerCallback
+from transformers.utils import logging as hf_logging
 
 from mmrl.core.config import TrainConfig, load_config
 from mmrl.core.contracts import IMAGE_PLACEHOLDER, VideoPrompt, answer_prefix_of, turns_of
@@ -525,8 +526,9 @@ def summarize(runs: dict[Framework, list[RunResult]], inputs: dict[str, Any]) ->
     return row
 
 
-def print_table(rows: list[dict[str, Any]], threads: int) -> None:
-    print(f"\nmedians per step (one generation batch and its updates), {threads} thread(s); ratios are TRL / mmrl")
+def print_table(rows: list[dict[str, Any]], threads: int, trl_checkpointing: bool) -> None:
+    print(f"\nmedians per step (one generation batch and its updates), {threads} thread(s), TRL gradient "
+          f"checkpointing {'on' if trl_checkpointing else 'off'}; ratios are TRL / mmrl")
     head = (f"{'setting':>9} {'prompts':>7} {'rows':>5} {'side':>5} {'step s':>8} {'rollout s':>9} {'generate s':>10} "
             f"{'update s':>8} {'tok/s':>7} {'len':>6} {'peak RSS MiB':>12}")
     print(head)
@@ -559,6 +561,7 @@ def main() -> None:
     parser.add_argument("--run-spec", help=argparse.SUPPRESS)  # internal: one measurement run in this process
     parser.add_argument("--run-out", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    hf_logging.disable_progress_bar()  # no weight-loading bars between the runs' lines
     if args.run_spec:
         run_spec_file(args.run_spec, args.run_out)
         return
@@ -586,7 +589,7 @@ def main() -> None:
                 inputs = check_identical_inputs(workdir / f"inputs_mmrl_{setting}_{n}_0.pt",
                                                 workdir / f"inputs_trl_{setting}_{n}_1.pt")
                 rows.append(summarize(runs, inputs))
-        print_table(rows, args.threads)
+        print_table(rows, args.threads, args.trl_gradient_checkpointing)
         if args.json:
             Path(args.json).write_text(json.dumps({"args": vars(args), "summary": rows, "runs": raw}, indent=1))
 
