@@ -21,7 +21,8 @@ A *step* is one generation batch and every update made from it: mmrl's ``collect
 + ``update``; in TRL the ``num_iterations × steps_per_generation / gradient_accumulation_steps``
 optimizer steps that reuse one ``_generate_and_score_completions`` batch. Reported per step:
 ``step`` (wall time), ``rollout`` (prompts to advantages: mmrl's ``collect`` + ``advantages``, TRL's
-``_generate_and_score_completions``), ``generate`` (the ``model.generate`` calls alone), ``update``
+``_generate_and_score_completions``), ``generate`` (TRL: the ``model.generate`` calls alone; mmrl: its
+sampler call, i.e. one prefill per prompt and ``generate`` over the group's rows), ``update``
 (step − rollout), completion tokens/s (completion tokens of the step / step time), the mean completion
 length, and the process's peak resident memory (RSS, sampled every 5 ms by a thread).
 
@@ -73,8 +74,9 @@ Data
     The recipe's seeded ``task.sample_batch`` draws, in the order the mmrl trainer draws them, as a
     ``datasets.Dataset`` with a conversational ``prompt`` (image and text blocks where mmrl's chat
     messages put them) and an ``images`` column (``shuffle_dataset=False``). The token ids, token types,
-    ``pixel_values`` and ``image_grid_thw`` that each side passes to ``generate`` for its first batch are
-    saved and checked equal (prompt rows compared without their padding). TRL runs its processor a second
+    ``pixel_values`` and ``image_grid_thw`` that each side samples from in its first batch are saved and
+    checked equal (prompt rows compared without their padding): TRL's ``generate`` inputs, and mmrl's
+    sampler inputs repeated to one row per sample (mmrl reads each prompt and its images once). TRL runs its processor a second
     time for the training forward (``processing_class(images=..., text=...)``); mmrl keeps the encoded
     prompts in the rollout. Each framework's extra work is part of its time.
 Logging
@@ -227,7 +229,7 @@ class GenerateRecorder:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if not self.saved:
-            torch.save({k: kwargs[k].detach().cpu() for k in self.KEYS if kwargs.get(k) is not None}, self.path)
+            save_inputs(kwargs, self.path)
             self.saved = True
         start = time.perf_counter()
         try:
@@ -238,6 +240,34 @@ class GenerateRecorder:
     def take(self) -> float:
         seconds, self.seconds = self.seconds, 0.0
         return seconds
+
+
+class SamplerRecorder(GenerateRecorder):
+    """mmrl's side: wraps the policy's sampler call (one prefill per prompt, then ``generate`` over the group's
+    rows, :mod:`mmrl.policies.shared_prefix`), so its time includes the prefill; the saved inputs are the
+    sampled prompts repeated to one per row, the rows TRL's ``generate`` reads."""
+
+    def __init__(self, sampler: Any, path: str | Path) -> None:
+        self.path, self.seconds, self.saved = Path(path), 0.0, False
+        self.original = sampler.sample
+        sampler.sample = self
+
+    def __call__(self, model: Any, prompts: Any, *args: Any, group_size: int = 1, **kwargs: Any) -> Any:
+        if not self.saved:
+            rows = prompts.select(torch.arange(prompts.num_rows).repeat_interleave(group_size))
+            save_inputs({"input_ids": rows.input_ids, "attention_mask": rows.attention_mask,
+                         "mm_token_type_ids": rows.mm_token_type_ids, **rows.vision_inputs()}, self.path)
+            self.saved = True
+        start = time.perf_counter()
+        try:
+            return self.original(model, prompts, *args, group_size=group_size, **kwargs)
+        finally:
+            self.seconds += time.perf_counter() - start
+
+
+def save_inputs(inputs: dict[str, Any], path: Path) -> None:
+    """The identical-inputs check's tensors of one ``generate`` call."""
+    torch.save({k: inputs[k].detach().cpu() for k in GenerateRecorder.KEYS if inputs.get(k) is not None}, path)
 
 
 def parameters_snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -296,7 +326,7 @@ def run_mmrl(spec: RunSpec) -> RunResult:
                        threads=spec.threads)
     with tempfile.TemporaryDirectory() as out:
         trainer = Trainer(cfg, out)
-        recorder = GenerateRecorder(trainer.policy.model, spec.inputs_path)
+        recorder = SamplerRecorder(trainer.policy.sampler, spec.inputs_path)
         before = parameters_snapshot(trainer.policy.model)
         watch = RSSWatch()
         for cycle in range(spec.cycles):

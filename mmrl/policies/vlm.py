@@ -463,7 +463,8 @@ class VLMPolicy(Policy):
     def rollout(self, examples: Sequence[Any], group_size: int, sampling: SamplingParams, seed: int) -> Rollout:
         prompts = self.encode(examples)
         rows = torch.arange(len(examples)).repeat_interleave(group_size)
-        completions = self.sampler.sample(self.model, prompts, sampling, self.rules, seed, self.version, group_size)
+        completions = self.sampler.sample(self.model, prompts, sampling, self.rules, seed, self.version,
+                                          group_size=group_size)
         completions = self.end_at_disallowed(completions)
         ids, mask = completions.ids.cpu(), completions.mask.cpu()
         texts = self.processor.tokenizer.batch_decode(ids.masked_fill(mask == 0, self.rules.pad_id),
