@@ -72,7 +72,8 @@ def main() -> None:
 
     policy.train()
     rollout = policy.rollout(examples, group, sampling, seed=0)
-    batch = rollout.select(torch.randperm(len(rollout.mask), generator=torch.Generator().manual_seed(0))[:args.minibatch])
+    order = torch.randperm(len(rollout.mask), generator=torch.Generator().manual_seed(0))
+    batch = rollout.select(order[:args.minibatch])
     with torch.no_grad():
         exact = float(((policy.score(batch.payload).logp - policy.score(batch.payload, shared_prefix=False).logp)
                        * batch.mask).abs().max())

@@ -76,9 +76,9 @@ Data
     messages put them) and an ``images`` column (``shuffle_dataset=False``). The token ids, token types,
     ``pixel_values`` and ``image_grid_thw`` that each side samples from in its first batch are saved and
     checked equal (prompt rows compared without their padding): TRL's ``generate`` inputs, and mmrl's
-    sampler inputs repeated to one row per sample (mmrl reads each prompt and its images once). TRL runs its processor a second
-    time for the training forward (``processing_class(images=..., text=...)``); mmrl keeps the encoded
-    prompts in the rollout. Each framework's extra work is part of its time.
+    sampler inputs repeated to one row per sample (mmrl reads each prompt and its images once). TRL runs
+    its processor a second time for the training forward (``processing_class(images=..., text=...)``);
+    mmrl keeps the encoded prompts in the rollout. Each framework's extra work is part of its time.
 Logging
     TRL logs every optimizer step (``logging_steps=1``: the losses are read from ``log_history``) without
     printing; mmrl's ``update`` returns its metrics every step. Neither evaluates nor saves checkpoints.

@@ -74,7 +74,8 @@ class HFGenerateSampler:
                                   **({} if greedy else {"temperature": 1.0, "top_p": 1.0, "top_k": 0}))
         behaviour = BehaviourLogprobs(sampling.temperature, sampling.top_p, rules.suppressed)
         prefilled = prefill_for_generation(model, prompts, group_size) if group_size > 1 else None
-        rows = prompts.select(torch.arange(prompts.num_rows).repeat_interleave(group_size)) if group_size > 1 else prompts
+        repeat = torch.arange(prompts.num_rows).repeat_interleave(group_size)
+        rows = prompts if group_size == 1 else prompts.select(repeat)
         # Prefilled: the cache holds the prompts (images included); otherwise generate reads every row's.
         inputs = prefilled if prefilled is not None else rows.vision_inputs()
         out = model.generate(input_ids=rows.input_ids, attention_mask=rows.attention_mask,

@@ -46,7 +46,8 @@ def test_shared_prefix_scores_equal_the_row_by_row_forward(spec):
     policy = tiny(spec).train()
     rollout = policy.rollout(mixed_examples(), 3, SamplingParams(temperature=1.0, max_new_tokens=10), seed=5)
     # four prompts of four lengths (left padding), 0, 1 or 2 images, 3 completions each, stored once each
-    assert rollout.payload.prompts.num_rows == 4 and len(set(rollout.payload.prompts.attention_mask.sum(1).tolist())) == 4
+    prompts = rollout.payload.prompts
+    assert prompts.num_rows == 4 and len(set(prompts.attention_mask.sum(1).tolist())) == 4
     assert_shared_equals_plain(policy, rollout)
     # minibatches of rows: select keeps only the prompts its rows continue, and still shares them
     part = rollout.select(torch.tensor([11, 0, 2, 7, 10]))
