@@ -252,15 +252,15 @@ class SamplerRecorder(GenerateRecorder):
         self.original = sampler.sample
         sampler.sample = self
 
-    def __call__(self, model: Any, prompts: Any, *args: Any, group_size: int = 1, **kwargs: Any) -> Any:
+    def __call__(self, model: Any, prompts: Any, *args: Any, **kwargs: Any) -> Any:
         if not self.saved:
-            rows = prompts.select(torch.arange(prompts.num_rows).repeat_interleave(group_size))
+            rows = prompts.select(torch.arange(prompts.num_rows).repeat_interleave(kwargs.get("group_size", 1)))
             save_inputs({"input_ids": rows.input_ids, "attention_mask": rows.attention_mask,
                          "mm_token_type_ids": rows.mm_token_type_ids, **rows.vision_inputs()}, self.path)
             self.saved = True
         start = time.perf_counter()
         try:
-            return self.original(model, prompts, *args, group_size=group_size, **kwargs)
+            return self.original(model, prompts, *args, **kwargs)
         finally:
             self.seconds += time.perf_counter() - start
 
