@@ -25,7 +25,6 @@ import numpy as np
 import torch
 
 from mmrl.core.config import ConfigError, TrainConfig
-from mmrl.core.paths import resolve_asset
 
 META = torch.device("meta")
 PLANNED_POLICIES = ("causal_lm", "vlm", "vla", "candidate_scorer")
@@ -228,9 +227,9 @@ def _with_lora(model: torch.nn.Module, args: Any) -> torch.nn.Module:
 
 
 def _causal_lm(cfg: TrainConfig, model_config: str | None, seed_examples: int) -> PlannedModel:
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    from mmrl.policies.causal_lm import CausalLMPolicy, char_tokenizer, load_tokenizer, prompt_text
+    from mmrl.policies.causal_lm import CausalLMPolicy, load_tokenizer, prompt_text, spec_config
 
     args = cfg.policy.args
     tokenizer = None
@@ -241,11 +240,7 @@ def _causal_lm(cfg: TrainConfig, model_config: str | None, seed_examples: int) -
         if (Path(args.pretrained) / "tokenizer_config.json").is_file():
             tokenizer = load_tokenizer(Path(args.pretrained))
     else:
-        tokenizer = char_tokenizer(args.tokenizer_chars)
-        data = json.loads(resolve_asset(args.model_config).read_text())
-        data.update(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
-                    eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id)
-        config = AutoConfig.for_model(**data)
+        config, tokenizer = spec_config(args.model_config, args.tokenizer_chars)
     dtype = getattr(torch, args.dtype)
     with META:
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)

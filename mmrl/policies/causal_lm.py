@@ -123,11 +123,7 @@ class CausalLMPolicy(Policy):
         elif not (cfg.model_config and cfg.tokenizer_chars):
             raise ValueError("policy.args needs pretrained, or both model_config and tokenizer_chars")
         else:
-            tokenizer = char_tokenizer(cfg.tokenizer_chars)
-            config_data = json.loads(resolve_asset(cfg.model_config).read_text())
-            config_data.update(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
-                               eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id)
-            config = AutoConfig.for_model(**config_data)
+            config, tokenizer = spec_config(cfg.model_config, cfg.tokenizer_chars)
             with torch.random.fork_rng():
                 torch.manual_seed(cfg.init_seed)
                 policy = cls(AutoModelForCausalLM.from_config(config, dtype=dtype), tokenizer,
@@ -267,3 +263,13 @@ class CausalLMPolicy(Policy):
         out = self.score(payload)
         mask = payload.completion_mask.float().to(out.logp.device)
         return -(out.logp * mask).sum() / mask.sum()
+
+
+def spec_config(model_config: str, tokenizer_chars: str) -> tuple[Any, Any]:
+    """The transformers config of a spec-built model (an assets/ JSON) and its character tokenizer, the
+    config's vocabulary and special ids set from the tokenizer."""
+    tokenizer = char_tokenizer(tokenizer_chars)
+    data = json.loads(resolve_asset(model_config).read_text())
+    data.update(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                bos_token_id=tokenizer.eos_token_id)
+    return AutoConfig.for_model(**data), tokenizer

@@ -49,6 +49,18 @@ def launch_two(port: int) -> list[str]:
             "--dynamo_backend", "no", "--main_process_port", str(port)]
 
 
+def assert_same_update_metrics(m1: dict, m2: dict) -> None:
+    """The 1-process and 2-process update logged the same metrics (floats to rounding), two optimizer steps
+    with a KL term and a gradient."""
+    assert m1.keys() == m2.keys()
+    for key, value in m1.items():
+        if isinstance(value, float):
+            assert m2[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
+        else:
+            assert m2[key] == value, key
+    assert m1["policy/version"] == 2 and m1["loss/kl"] > 0 and m1["policy/grad_norm"] > 0
+
+
 def test_two_process_update_equals_one_process(tmp_path):
     env = env_for(tmp_path)
     # ppo_epochs 2: two optimizer steps (the second off-policy: ratio ≠ 1, KL to the reference ≠ 0);
@@ -86,14 +98,7 @@ def test_two_process_update_equals_one_process(tmp_path):
     flat = lambda r: torch.cat([v.flatten() for v in r["params"].values()])  # noqa: E731
     assert float((flat(one) - flat(two)).abs().mean()) < 1e-8
 
-    m1, m2 = one["metrics"], two["metrics"]
-    assert m1.keys() == m2.keys()
-    for key, value in m1.items():
-        if isinstance(value, float):
-            assert m2[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
-        else:
-            assert m2[key] == value, key
-    assert m1["policy/version"] == 2 and m1["loss/kl"] > 0 and m1["policy/grad_norm"] > 0
+    assert_same_update_metrics(one["metrics"], two["metrics"])
 
 
 def test_two_process_training_runs(tmp_path):

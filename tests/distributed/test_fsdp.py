@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -22,18 +21,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.distributed.test_distributed import assert_same_update_metrics, free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).resolve().parent / "update_equivalence.py"
 FSDP_CONFIG = ROOT / "configs" / "accelerate" / "fsdp_cpu_2proc.yaml"
 ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch"]
 LR = 3e-4  # trainer.lr of both tiny recipes
 LORA_LR = 1e-2  # adapters move little at 3e-4 in two steps
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def env_for(tmp_path: Path) -> dict[str, str]:
@@ -97,14 +92,7 @@ def test_fsdp_two_process_update_equals_one_process(tmp_path, recipe, layer_clas
         changed = max(changed, float((p1 - one["initial"][name]).abs().max()))
     assert changed > 0.5 * lr, f"the update barely moved the parameters ({changed})"
 
-    m1, m2 = one["metrics"], two["metrics"]
-    assert m1.keys() == m2.keys()
-    for key, value in m1.items():
-        if isinstance(value, float):
-            assert m2[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
-        else:
-            assert m2[key] == value, key
-    assert m1["policy/version"] == 2 and m1["loss/kl"] > 0 and m1["policy/grad_norm"] > 0
+    assert_same_update_metrics(one["metrics"], two["metrics"])
 
 
 def test_fsdp_sharded_checkpoint_resumes_exactly(tmp_path):
