@@ -125,12 +125,15 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     add_import_argument(plan)
 
-    extrapolate = sub.add_parser("extrapolate", help="RELEX rank-1 linear extrapolation of a run's checkpoints")
+    extrapolate = sub.add_parser("extrapolate", help="predict a later checkpoint of a run from earlier ones "
+                                                     "(RELEX rank-1, or every weight on its own line)")
     extrapolate.add_argument("run", help="a run folder whose checkpoints were kept (checkpoint.keep_last=0)")
     extrapolate.add_argument("--observe", required=True, help="comma-separated checkpoint steps to fit on, e.g. 10,20,30")
     extrapolate.add_argument("--target", type=int, required=True, help="step to predict")
     extrapolate.add_argument("--out", required=True, help="folder for the predicted policy and extrapolation.json")
     extrapolate.add_argument("--overwrite", action="store_true", help="replace an existing --out written by mmrl")
+    extrapolate.add_argument("--method", default="rank1", choices=["rank1", "linear"],
+                             help="rank1: RELEX (default); linear: each weight's least-squares line (Linear evolution)")
     return parser
 
 
@@ -384,7 +387,7 @@ def dispatch(args: argparse.Namespace) -> None:
     elif args.command == "extrapolate":
         from mmrl.experiments.extrapolate import run_extrapolate
 
-        print(run_extrapolate(args.run, args.observe, args.target, args.out, args.overwrite))
+        print(run_extrapolate(args.run, args.observe, args.target, args.out, args.overwrite, args.method))
 
 
 def reported(run: Callable[[], object], prog: str) -> int:

@@ -12,7 +12,8 @@ from torch.testing import assert_close
 
 from mmrl.cli import main
 from mmrl.core.config import load_config
-from mmrl.experiments.extrapolate import linear_fit, rank1_direction, rank1_extrapolate, relative_distance
+from mmrl.experiments.extrapolate import (linear_extrapolate, linear_fit, rank1_direction, rank1_extrapolate,
+                                          relative_distance)
 from mmrl.core.trainer import train
 
 
@@ -50,6 +51,21 @@ def test_rank1_extrapolation_golden_drops_off_direction_noise():
     assert relative_distance(predicted, predicted, w0) == 0.0
 
 
+def test_linear_extrapolation_golden_keeps_every_weight_on_its_own_line():
+    # (Linear evolution, #10) each element on the least-squares line through (0, W0) and the observed points:
+    # element [0, 0]: (0, 0), (10, 1), (20, 3) → 4/3 + 0.15·(40 − 10); element [0, 1]: (0, 0), (10, 0.3), (20, 0)
+    # → slope 0, mean 0.1 (the off-direction value rank-1 drops is kept here); exactly linear b: 2 at step 40.
+    w0 = {"w": torch.zeros(2, 2), "b": torch.zeros(2), "ids": torch.arange(3)}
+    observed = [(10, {"w": torch.tensor([[1.0, 0.3], [0.0, 0.0]]), "b": torch.tensor([0.5, 0.0]), "ids": torch.arange(3)}),
+                (20, {"w": torch.tensor([[3.0, 0.0], [0.0, 0.0]]), "b": torch.tensor([1.0, 0.0]), "ids": torch.arange(3)})]
+    predicted, fit = linear_extrapolate(w0, observed, target=40)
+    assert_close(predicted["w"], torch.tensor([[4 / 3 + 0.15 * 30, 0.1], [0.0, 0.0]]))
+    assert_close(predicted["b"], torch.tensor([2.0, 0.0]))
+    assert torch.equal(predicted["ids"], torch.arange(3)) and fit == {}
+    with pytest.raises(ValueError, match="beyond the last observed"):
+        linear_extrapolate(w0, observed, target=20)
+
+
 def test_rank1_extrapolation_checks_its_steps():
     w0 = {"w": torch.zeros(2)}
     with pytest.raises(ValueError, match="beyond the last observed"):
@@ -74,6 +90,11 @@ def test_command_predicts_saves_and_evaluates(tmp_path, capsys):
     assert report["weight_distance_to_trained"]["predicted"] > 0
     assert (out / "policy" / "config.json").is_file()
     assert "predicted_step_6" in capsys.readouterr().out
+    assert main(["extrapolate", str(run), "--observe", "2,4", "--target", "6", "--method", "linear", "--out",
+                 str(tmp_path / "linear")]) == 0
+    linear = json.loads((tmp_path / "linear" / "extrapolation.json").read_text())
+    assert linear["method"] == "linear" and linear["weight_distance_to_trained"]["predicted"] > 0
+    assert "linear extrapolation" in capsys.readouterr().out
     # a missing checkpoint is a one-line user error naming the fix
     assert main(["extrapolate", str(run), "--observe", "3", "--target", "6", "--out", str(tmp_path / "x")]) == 2
     assert "checkpoint.keep_last=0" in capsys.readouterr().err

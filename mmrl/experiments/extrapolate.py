@@ -1,4 +1,4 @@
-"""``mmrl extrapolate``: predict a later checkpoint from early ones by rank-1 linear extrapolation.
+"""``mmrl extrapolate``: predict a later checkpoint from early ones (RELEX rank-1, or plain linear).
 
 RELEX (REinforcement Learning EXtrapolation; seed abstract "RLVR weight trajectories are extremely
 low-rank and highly predictable", code github.com/weizhepei/RELEX, not retrievable here): the
@@ -16,6 +16,11 @@ tensors as [shape[0], −1]) with initial value W_0 and observed checkpoints W_{
 Tensors that did not move (frozen weights) and non-float buffers are copied from W_0. The exact
 RELEX choices (which checkpoint defines the subspace, whether the origin enters the fit) were not
 retrievable: these are INFERRED from the abstract.
+
+``--method linear`` is the plain weight extrapolation of "Linear evolution" (seed #10: weights and
+log-probs evolve near-linearly in the RL step): every weight on its own least-squares line through
+(0, W_0) and the observed (s_j, W_{s_j}), read at T — the full deltas, noise included. (The same
+paper's logits extrapolation, which combines two models' logits at sampling time, is not built.)
 
     mmrl extrapolate runs/x --observe 10,20 --target 60 --out runs/x_relex
 
@@ -73,11 +78,7 @@ def rank1_extrapolate(initial: dict[str, Tensor], observed: list[tuple[int, dict
 
     ``observed`` are (step, state dict) pairs in increasing step order, steps > 0.
     """
-    steps = [s for s, _ in observed]
-    if not steps or steps != sorted(set(steps)) or steps[0] <= 0:
-        raise ValueError(f"observed steps must be increasing and > 0, got {steps}")
-    if target <= steps[-1]:
-        raise ValueError(f"the target step ({target}) must lie beyond the last observed step ({steps[-1]})")
+    steps = check_steps(observed, target)
     predicted, captured, total = {}, 0.0, 0.0
     for name, w0 in initial.items():
         if not torch.is_floating_point(w0):
@@ -94,6 +95,38 @@ def rank1_extrapolate(initial: dict[str, Tensor], observed: list[tuple[int, dict
         captured += coefficients[-1] ** 2  # energy of the last delta inside its rank-1 direction
         total += float((deltas[-1] ** 2).sum())
     return predicted, {"rank1_energy_fraction": captured / total if total else 1.0}
+
+
+def linear_extrapolate(initial: dict[str, Tensor], observed: list[tuple[int, dict[str, Tensor]]],
+                       target: int) -> tuple[dict[str, Tensor], dict[str, float]]:
+    """Ŵ_T = W̄ + b·(T − s̄) per weight: least squares over (0, W_0) and the observed (s_j, W_{s_j})."""
+    steps = check_steps(observed, target)
+    x = torch.tensor([0.0, *steps], dtype=torch.float64)
+    x_centred = x - x.mean()
+    predicted = {}
+    for name, w0 in initial.items():
+        if not torch.is_floating_point(w0):
+            predicted[name] = w0.clone()
+            continue
+        values = torch.stack([w0.double(), *(state[name].double() for _, state in observed)])  # [m + 1, ...]
+        mean = values.mean(0)
+        slope = torch.tensordot(x_centred, values - mean, dims=1) / (x_centred ** 2).sum()
+        predicted[name] = (mean + slope * (target - float(x.mean()))).to(w0.dtype)
+    return predicted, {}
+
+
+def check_steps(observed: list[tuple[int, dict[str, Tensor]]], target: int) -> list[int]:
+    """The observed steps (increasing, > 0, before ``target``), else a ValueError."""
+    steps = [s for s, _ in observed]
+    if not steps or steps != sorted(set(steps)) or steps[0] <= 0:
+        raise ValueError(f"observed steps must be increasing and > 0, got {steps}")
+    if target <= steps[-1]:
+        raise ValueError(f"the target step ({target}) must lie beyond the last observed step ({steps[-1]})")
+    return steps
+
+
+METHODS = {"rank1": rank1_extrapolate, "linear": linear_extrapolate}
+"""``mmrl extrapolate --method``: RELEX's rank-1 extrapolation, or every weight on its own line (#10)."""
 
 
 def relative_distance(a: dict[str, Tensor], b: dict[str, Tensor], origin: dict[str, Tensor]) -> float:
@@ -124,7 +157,8 @@ def checkpoint_policy_dir(run: Path, step: int) -> Path:
     return path
 
 
-def run_extrapolate(run: str | Path, observe: str, target: int, out: str | Path, overwrite: bool = False) -> str:
+def run_extrapolate(run: str | Path, observe: str, target: int, out: str | Path, overwrite: bool = False,
+                    method: str = "rank1") -> str:
     """The ``mmrl extrapolate`` command: predict, save ``OUT/policy``, evaluate, write ``OUT/extrapolation.json``."""
     import transformers
 
@@ -139,6 +173,8 @@ def run_extrapolate(run: str | Path, observe: str, target: int, out: str | Path,
         steps = [int(s) for s in observe.split(",") if s.strip()]
     except ValueError:
         raise ConfigError(f"--observe {observe!r}: give comma-separated steps, e.g. 10,20") from None
+    if method not in METHODS:
+        raise ConfigError(f"--method {method!r}: choose one of {', '.join(METHODS)}")
     prepare_atomic_out(out, overwrite, "mmrl extrapolate")
     cfg = load_config(str(run / "config.yaml"))
     task = make_task(cfg.task.name, cfg.task.args)
@@ -151,13 +187,13 @@ def run_extrapolate(run: str | Path, observe: str, target: int, out: str | Path,
 
     initial_state = {k: v.detach().clone() for k, v in initial.state_dict().items()}
     observed = [(s, at(s).state_dict()) for s in steps]
-    predicted_state, fit = rank1_extrapolate(initial_state, observed, target)
+    predicted_state, fit = METHODS[method](initial_state, observed, target)
     predicted = copy.deepcopy(initial)
     predicted.load_state_dict(predicted_state)
     out.mkdir(parents=True, exist_ok=True)
     predicted.save_pretrained(str(out / "policy"))
 
-    report: dict[str, Any] = {"run": str(run), "observed_steps": steps, "target_step": target, **fit,
+    report: dict[str, Any] = {"run": str(run), "method": method, "observed_steps": steps, "target_step": target, **fit,
                               "eval": {"initial": held_out_metrics(initial, task, cfg),
                                        f"observed_step_{steps[-1]}": held_out_metrics(at(steps[-1]), task, cfg),
                                        f"predicted_step_{target}": held_out_metrics(predicted, task, cfg)}}
@@ -170,8 +206,8 @@ def run_extrapolate(run: str | Path, observe: str, target: int, out: str | Path,
             f"observed_step_{steps[-1]}": relative_distance(observed[-1][1], trained_state, initial_state)}
     (out / "extrapolation.json").write_text(json.dumps(report, indent=1))
     mark_written(out, "extrapolate")
-    lines = [f"rank-1 extrapolation of {run} from steps {steps} to step {target} "
-             f"(rank-1 energy of the last delta {fit['rank1_energy_fraction']:.3f}):"]
+    energy = f" (rank-1 energy of the last delta {fit['rank1_energy_fraction']:.3f})" if method == "rank1" else ""
+    lines = [f"{method} extrapolation of {run} from steps {steps} to step {target}{energy}:"]
     for name, metrics in report["eval"].items():
         lines.append(f"  {name:<24} " + "  ".join(f"{k.removeprefix('eval/')} {v:.3f}" for k, v in metrics.items()))
     for name, d in report.get("weight_distance_to_trained", {}).items():
