@@ -16,12 +16,13 @@ from typing import Any, Literal
 import torch
 from safetensors.torch import load_file, save_file
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedTokenizerFast
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LogitsProcessorList,
+                          PreTrainedTokenizerFast)
 
 from mmrl.core.contracts import Policy, PolicyOutput, answer_prefix_of, turns_of
 from mmrl.core.paths import resolve_asset
 from mmrl.policies.lora import add_lora, load_lora_weights
-from mmrl.policies.tokens import (TokenPayload, completion_mask_from_eos, positions_from_mask,
+from mmrl.policies.tokens import (BehaviourLogprobs, TokenPayload, completion_mask_from_eos, positions_from_mask,
                                   token_logprobs)
 from mmrl.core.rollout import Rollout, SamplingParams
 
@@ -189,18 +190,21 @@ class CausalLMPolicy(Policy):
         # generate draws from the global RNG (CUDA's on a GPU): fork it, seed it, restore it.
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             torch.manual_seed(seed)
+            # The one processor applies temperature, suppressed ids and top-p, and records each sampled token's
+            # log-prob step by step (the HF sampler's: no [N, T, V] stack of every step's logits).
+            behaviour = BehaviourLogprobs(sampling.temperature, sampling.top_p, self.suppressed)
             out = self.model.generate(
                 input_ids=prompt_ids, attention_mask=prompt_mask, do_sample=not greedy,
-                **({} if greedy else {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": 0}),
-                max_new_tokens=sampling.max_new_tokens, suppress_tokens=self.suppressed.tolist() or None,
-                output_logits=True, return_dict_in_generate=True)
+                **({} if greedy else {"temperature": 1.0, "top_p": 1.0, "top_k": 0}),
+                max_new_tokens=sampling.max_new_tokens, logits_processor=LogitsProcessorList([behaviour]),
+                return_dict_in_generate=True)
         self.model.train(was_training)
         completion_ids = out.sequences[:, prompt_ids.shape[1]:]
         completion_mask = completion_mask_from_eos(completion_ids, self.eos_ids)
+        logp = behaviour.finish(completion_ids[:, -1])
+        logp = torch.where(completion_mask > 0, logp, torch.zeros_like(logp))
         completion_ids = completion_ids.masked_fill(completion_mask == 0, self.pad_id)
-        logits = torch.stack(out.logits, dim=1)  # [N, T, V] raw logits (before processors)
         temperature = torch.full((len(prompts),), sampling.temperature, dtype=torch.float32)  # [N]
-        logp, _ = token_logprobs(logits, completion_ids, temperature, self.suppressed, completion_mask)
         mask = completion_mask.float()
         texts = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
         example_index = torch.arange(len(examples)).repeat_interleave(group_size)

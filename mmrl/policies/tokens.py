@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 from torch.nn import functional as F
+from transformers import LogitsProcessor, TopPLogitsWarper
 
 
 @dataclass(frozen=True)
@@ -94,3 +95,40 @@ def token_logprobs(logits: Tensor, tokens: Tensor, temperature: float | Tensor, 
 def positions_from_mask(attention_mask: Tensor) -> Tensor:
     """Position ids that skip left padding (as ``generate`` computes them)."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+class BehaviourLogprobs(LogitsProcessor):
+    """The only logits processor of a ``generate`` call: raw logits → the sampling distribution
+    (÷ τ, suppressed ids at −inf, then top-p), recording the log-prob of each sampled token under the
+    tempered distribution with the suppressed ids removed (no top-p cut: the distribution re-scoring
+    uses). τ = 0 (greedy) scores under τ = 1, as :func:`token_logprobs` does. Keeping one step of logits
+    instead of every step's (``output_logits``) bounds generation memory by rows × vocabulary.
+
+    Step t's call sees the token sampled at step t − 1 (the last column of ``input_ids``) and scores it
+    against the logits of step t − 1, kept until then; :meth:`finish` scores the last step's token."""
+
+    def __init__(self, temperature: float, top_p: float, suppressed: torch.Tensor):
+        self.tau = temperature if temperature > 0 else 1.0
+        self.top_p = TopPLogitsWarper(top_p) if 0 < temperature and top_p < 1.0 else None
+        self.suppressed = suppressed
+        self.logps: list[torch.Tensor] = []
+        self.previous: torch.Tensor | None = None  # the last step's tempered logits, suppressed ids at −inf
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.previous is not None:
+            self.record(input_ids[:, -1])
+        x = scores.float() / self.tau
+        if self.suppressed.numel():
+            x.index_fill_(-1, self.suppressed.to(x.device), float("-inf"))
+        self.previous = x
+        return x if self.top_p is None else self.top_p(input_ids, x.clone())
+
+    def record(self, tokens: torch.Tensor) -> None:
+        # log_softmax of the one step: the same floats token_logprobs gives the whole [N, T, V] stack
+        self.logps.append(F.log_softmax(self.previous, dim=-1).gather(-1, tokens[:, None]).squeeze(-1))
+
+    def finish(self, last_tokens: torch.Tensor) -> torch.Tensor:
+        """[n, T] log-probs of every step's token (pad after a row's end: the caller masks it)."""
+        self.record(last_tokens)
+        self.previous = None
+        return torch.stack(self.logps, dim=1)

@@ -1,7 +1,7 @@
 """Hugging Face ``generate`` as a :class:`~mmrl.samplers.tokens.CompletionSampler` (CPU and GPU).
 
 KV cache, batched (in chunks of at most ``max_batch_rows`` rows: bounded memory), temperature and
-top-p, stop on EOS, ``max_new_tokens``. One logits processor (:class:`BehaviourLogprobs`) turns the
+top-p, stop on EOS, ``max_new_tokens``. One logits processor (:class:`~mmrl.policies.tokens.BehaviourLogprobs`) turns the
 model's raw logits into the sampling distribution (temperature, suppressed ids, top-p) and records
 each sampled token's log-prob under the tempered distribution with the suppressed ids removed — what
 :func:`mmrl.policies.tokens.token_logprobs` gives the re-scoring forward, so on-policy ratios are 1.
@@ -18,10 +18,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.nn import functional as F
-from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, TopPLogitsWarper
+from transformers import GenerationConfig, LogitsProcessorList
 
 from mmrl.policies.shared_prefix import prefill_for_generation
-from mmrl.policies.tokens import completion_mask_from_eos
+from mmrl.policies.tokens import BehaviourLogprobs, completion_mask_from_eos
 from mmrl.core.rollout import SamplingParams
 from mmrl.samplers.tokens import Completions, TokenRules, VisionPrompts
 
@@ -85,39 +85,3 @@ class HFGenerateSampler:
         mask = completion_mask_from_eos(completion_ids, rules.eos_ids)  # [n, T]: tokens up to the first EOS
         logp = behaviour.finish(completion_ids[:, -1])
         return completion_ids, torch.where(mask > 0, logp, torch.zeros_like(logp))
-
-
-class BehaviourLogprobs(LogitsProcessor):
-    """The only logits processor of a ``generate`` call: raw logits → the sampling distribution
-    (÷ τ, suppressed ids at −inf, then top-p), recording the log-prob of each sampled token under the
-    tempered distribution with the suppressed ids removed (no top-p cut: the distribution re-scoring
-    uses). τ = 0 (greedy) scores under τ = 1, as :func:`mmrl.policies.tokens.token_logprobs` does.
-
-    Step t's call sees the token sampled at step t − 1 (the last column of ``input_ids``) and scores it
-    against the logits of step t − 1, kept until then; :meth:`finish` scores the last step's token."""
-
-    def __init__(self, temperature: float, top_p: float, suppressed: torch.Tensor):
-        self.tau = temperature if temperature > 0 else 1.0
-        self.top_p = TopPLogitsWarper(top_p) if 0 < temperature and top_p < 1.0 else None
-        self.suppressed = suppressed
-        self.logps: list[torch.Tensor] = []
-        self.previous: tuple[torch.Tensor, torch.Tensor] | None = None  # (tempered logits, log-normaliser)
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        if self.previous is not None:
-            self.record(input_ids[:, -1])
-        x = scores.float() / self.tau
-        if self.suppressed.numel():
-            x.index_fill_(-1, self.suppressed.to(x.device), float("-inf"))
-        self.previous = (x, torch.logsumexp(x, dim=-1))
-        return x if self.top_p is None else self.top_p(input_ids, x.clone())
-
-    def record(self, tokens: torch.Tensor) -> None:
-        x, normaliser = self.previous
-        self.logps.append(x.gather(-1, tokens[:, None]).squeeze(-1) - normaliser)
-
-    def finish(self, last_tokens: torch.Tensor) -> torch.Tensor:
-        """[n, T] log-probs of every step's token (pad after a row's end: the caller masks it)."""
-        self.record(last_tokens)
-        self.previous = None
-        return torch.stack(self.logps, dim=1)

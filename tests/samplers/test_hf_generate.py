@@ -1,5 +1,5 @@
-"""The HF sampler's one logits processor (mmrl/samplers/hf_generate.py, BehaviourLogprobs): the sampling
-distribution it hands to generate, and the behaviour log-probs it records, step by step."""
+"""The one logits processor of every ``generate`` call (mmrl/policies/tokens.py BehaviourLogprobs: the HF sampler
+and the text policy): the sampling distribution it hands to generate, and the behaviour log-probs it records."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 
 from mmrl.core.rollout import SamplingParams
 from mmrl.policies.tokens import token_logprobs
-from mmrl.samplers.hf_generate import BehaviourLogprobs
+from mmrl.policies.tokens import BehaviourLogprobs
 from tests.policies.test_shared_prefix import tiny
 from tests.policies.test_vlm import mixed_examples
 
