@@ -48,6 +48,8 @@ def saved_activations(plan: MemoryPlan) -> int:
     ("sanity/tiny_cpu", 64, ()),
     ("spatial_ssrl/tiny_cpu", 16, ()),  # 2 prompts run once, 16 completions over their cache
     ("spatial_ssrl/tiny_cpu", 16, ("policy.args.gradient_checkpointing=true",)),  # row by row
+    ("spatial_ssrl/tiny_cpu", 16, ("policy.args.gradient_checkpointing=true",
+                                   "policy.args.share_prompts_under_checkpointing=true")),  # shared, checkpointed
     ("spatial_ssrl/tiny_cpu", 16, ("policy.args.dtype=bfloat16",)),
     ("spatial_ssrl/tiny_cpu", 16, ("policy.args.attn_implementation=eager",)),
     ("spatial_ssrl/tiny_cpu", 16, ("policy.args.lora_rank=8",)),  # frozen base and vision tower save less

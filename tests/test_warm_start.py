@@ -27,6 +27,8 @@ def key_before_vision_pretraining(cfg) -> str:
     ws = {k: v for k, v in to_dict(cfg.warm_start).items() if k not in ("vision_steps", "vision_lr", "init_from")}
     policy, task = to_dict(cfg.policy), to_dict(cfg.task)
     policy["args"].pop("video", None)  # policy.args.video (VLM) came later too
+    if policy["args"].get("share_prompts_under_checkpointing") is False:  # and this VLM option, at its default
+        del policy["args"]["share_prompts_under_checkpointing"]
     if cfg.task.name == "driving/rift-v0":  # as did RLFTSim's reward: each left out at its default
         from mmrl.tasks.driving.realism import RlftsimWeights
 

@@ -214,7 +214,7 @@ class Workload:
     each once; otherwise every row runs its own copy."""
     shared_prefix: bool
     """Re-scoring runs each distinct prompt once and only the completions row by row
-    (:mod:`mmrl.policies.shared_prefix`): the VLM policy with groups, without gradient checkpointing."""
+    (:mod:`mmrl.policies.shared_prefix`): the VLM policy with groups."""
     generation_rows: int
     """Rows one ``generate`` call samples at once on one process."""
     prompt_tokens: int
@@ -271,9 +271,11 @@ def workload_of(cfg: TrainConfig, parallel: Parallelism, rows: RowShape) -> Work
     micro_rows = min(t.micro_batch_size, minibatch_rows)
     generation = getattr(args, "generation_batch_rows", 0) or process_rows
     checkpointing = bool(getattr(args, "gradient_checkpointing", False))
-    # VLMPolicy.score shares each prompt across its rows unless checkpointing turns the cache off
-    # (mmrl.policies.shared_prefix.can_share) or every row has its own prompt.
-    shared = cfg.policy.name == "vlm" and r.group_size > 1 and not checkpointing
+    # VLMPolicy.score shares each prompt across its rows (mmrl.policies.shared_prefix.can_share) unless every row
+    # has its own prompt, or checkpointing is on without share_prompts_under_checkpointing (then the prompt pass
+    # runs plain and the completion pass checkpointed).
+    shared = cfg.policy.name == "vlm" and r.group_size > 1 and (
+        not checkpointing or bool(getattr(args, "share_prompts_under_checkpointing", False)))
     prompts = prompts_per_micro_batch(minibatch_rows, micro_rows, r.group_size)
     return Workload(update_rows=micro_rows, update_prompts=prompts, shared_prefix=shared,
                     generation_rows=min(generation, process_rows), prompt_tokens=rows.prompt_tokens,
@@ -342,7 +344,18 @@ def activation_terms(arch: Architecture, w: Workload, p: Precision, parallel: Pa
     tokens = sum(f.tokens for f in passes)
     final_norm = norm_bytes(p, parts.norms, parts.lm_head) * arch.hidden + 4
     keys = attention_key_bytes(arch, p, w.attention)
-    if w.gradient_checkpointing:
+    if w.gradient_checkpointing and w.shared_prefix:
+        prompt, completion = passes
+        q = decoder_query_bytes(arch, p, w.attention, prompt.keys, parts)
+        plain = arch.layers * (prompt.tokens * q + prompt.rows * prompt.keys * keys)
+        cache = w.update_rows * w.prompt_tokens * arch.layers * 2 * arch.kv_heads * arch.head_dim * p.stored
+        inputs = arch.layers * p.stored * arch.hidden * completion.tokens
+        saved = plain + cache + inputs
+        how = (f"prompt pass plain: {arch.layers} layers × ({prompt.rows} × {prompt.queries} tokens × {q:,} B + "
+               f"{prompt.rows} × {prompt.keys} keys / values × {keys:,} B); completion pass checkpointed: "
+               f"{arch.layers} layer inputs × {completion.tokens:,} tokens, + the {w.update_rows}-row prompt cache "
+               f"its recompute reads")
+    elif w.gradient_checkpointing:
         saved = arch.layers * p.stored * arch.hidden * tokens
         how = f"checkpointed: {arch.layers} layer inputs × {arch.hidden} × {p.stored} B × {tokens:,} tokens"
     else:
@@ -379,8 +392,9 @@ def activation_terms(arch: Architecture, w: Workload, p: Precision, parallel: Pa
                           + (" (checkpointed)" if w.gradient_checkpointing else "")))
         if w.gradient_checkpointing:
             recompute = block * patches
-    if w.gradient_checkpointing:
-        recompute = max(recompute, decoder_layer_bytes(arch, p, w.attention, passes[0].keys, parts) * tokens)
+    if w.gradient_checkpointing:  # one layer of the checkpointed pass (the completions' when the prompt is shared)
+        last = passes[-1]
+        recompute = max(recompute, decoder_layer_bytes(arch, p, w.attention, last.keys, parts) * last.tokens)
     terms.append(transient_term(arch, w, p, parallel, largest_layer, param_bytes, recompute))
     return terms
 

@@ -12,18 +12,28 @@ Positions: Qwen-VL models place text and image tokens with 3-D (mRoPE) positions
 computed once per prompt (:func:`prompt_positions`, kept in ``VisionPrompts.position_ids``); a
 completion continues as text from one past its prompt's largest position.
 
-Gradient checkpointing drops the cache in training forwards (transformers turns ``use_cache`` off),
-so with it the policy scores row by row (:func:`can_share`).
+Gradient checkpointing: transformers drops the cache in a checkpointed layer's training forward,
+unless the layer only reads it (``_can_checkpoint_with_cache``). Sharing under checkpointing is an
+option (``policy.args.share_prompts_under_checkpointing``), because it costs memory: the prompt pass
+runs without checkpointing (U rows, 1/G of the prompt tokens, but all of each layer's activations) and
+writes the cache; the completion pass runs checkpointed over a read-only copy of it
+(:class:`ReadOnlyLayer`: each call returns the prompt's states followed by the new ones and stores
+nothing, so the backward recompute reads the same), and that group-expanded cache lives until the
+backward. By default a checkpointed update scores row by row, as memory is what checkpointing is for.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+from transformers.modeling_layers import GradientCheckpointingLayer
 
 from mmrl.policies.tokens import positions_from_mask
 from mmrl.samplers.tokens import VisionPrompts
@@ -63,15 +73,57 @@ def next_positions(prompts: VisionPrompts) -> Tensor:
     return prompts.position_ids.amax(dim=(0, 2)) + 1
 
 
-def can_share(model: nn.Module, prompts: VisionPrompts) -> bool:
+def can_share(model: nn.Module, prompts: VisionPrompts, under_checkpointing: bool = False) -> bool:
     """Whether the prompt rows can be run once and their cache expanded: a Qwen-VL model with positions
-    computed, and no gradient checkpointing in a training forward (it turns the cache off)."""
+    computed; with gradient checkpointing on, only when asked (``under_checkpointing``: it trades memory for
+    speed) and where transformers lets a checkpointed layer keep a read cache."""
+    if prompts.position_ids is None or rope_holder(model) is None:
+        return False
+    if not checkpointed_layers(model):
+        return True
+    return under_checkpointing and hasattr(GradientCheckpointingLayer, "_can_checkpoint_with_cache")
+
+
+def checkpointed_layers(model: nn.Module) -> list[nn.Module]:
+    """The layers that recompute their forward in the backward pass (training mode, checkpointing on)."""
     base = plain_model(model)
-    # transformers 5 renamed is_gradient_checkpointing (deprecated) to is_activation_checkpointing.
-    flag = "is_activation_checkpointing" if hasattr(type(base), "is_activation_checkpointing") else \
-        "is_gradient_checkpointing"
-    checkpointing = bool(getattr(base, flag, False)) and base.training
-    return prompts.position_ids is not None and rope_holder(model) is not None and not checkpointing
+    return [m for m in base.modules() if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing
+            and m.training]
+
+
+@contextlib.contextmanager
+def layer_flags(layers: list[nn.Module], **flags: bool) -> Iterator[None]:
+    """Set attributes of ``layers`` for the duration (instance attributes, removed or restored after)."""
+    saved = [{name: layer.__dict__[name] for name in flags if name in layer.__dict__} for layer in layers]
+    for layer in layers:
+        for name, value in flags.items():
+            setattr(layer, name, value)
+    try:
+        yield
+    finally:
+        for layer, before in zip(layers, saved):
+            for name in flags:
+                if name in before:
+                    setattr(layer, name, before[name])
+                else:
+                    delattr(layer, name)
+
+
+class ReadOnlyLayer(DynamicLayer):
+    """A cache layer of prompt keys and values that a forward reads but never extends: each call returns the
+    prompt's states followed by the new ones, so a checkpointed layer's recompute reads what its forward read."""
+
+    def update(self, key_states: Tensor, value_states: Tensor, *args: Any, **kwargs: Any) -> tuple[Tensor, Tensor]:
+        return torch.cat([self.keys, key_states], dim=-2), torch.cat([self.values, value_states], dim=-2)
+
+
+def read_only(cache: DynamicCache) -> DynamicCache:
+    """``cache`` with every layer made a :class:`ReadOnlyLayer` (same tensors)."""
+    for i, layer in enumerate(cache.layers):
+        frozen = ReadOnlyLayer.__new__(ReadOnlyLayer)
+        frozen.__dict__.update(layer.__dict__)
+        cache.layers[i] = frozen
+    return cache
 
 
 def score_logits(model: nn.Module, prompts: VisionPrompts, prompt_of_row: Tensor, completion_ids: Tensor,
@@ -83,19 +135,24 @@ def score_logits(model: nn.Module, prompts: VisionPrompts, prompt_of_row: Tensor
     completion's own positions 0 … T − 2 predict tokens 1 … T − 1."""
     keyword = cache_keyword(model)
     cache = DynamicCache(config=plain_model(model).config)
-    out = model(input_ids=prompts.input_ids, attention_mask=prompts.attention_mask, position_ids=prompts.position_ids,
-                mm_token_type_ids=prompts.mm_token_type_ids, use_cache=True, logits_to_keep=1,
-                **{keyword: cache}, **prompts.vision_inputs())
+    checkpointed = checkpointed_layers(model)
+    with layer_flags(checkpointed, gradient_checkpointing=False):  # the prompt pass writes the cache
+        out = model(input_ids=prompts.input_ids, attention_mask=prompts.attention_mask,
+                    position_ids=prompts.position_ids, mm_token_type_ids=prompts.mm_token_type_ids, use_cache=True,
+                    logits_to_keep=1, **{keyword: cache}, **prompts.vision_inputs())
     first = out.logits[:, -1:][prompt_of_row]
     steps = completion_ids.shape[1] - 1
     if steps == 0:
         return first
     cache.batch_select_indices(prompt_of_row)
+    if checkpointed:
+        cache = read_only(cache)
     start = next_positions(prompts)[prompt_of_row]
     positions = (start[:, None] + torch.arange(steps, device=start.device))[None].expand(3, -1, -1)
     attention = torch.cat([prompts.attention_mask[prompt_of_row], completion_mask[:, :-1]], 1)
-    rest = model(input_ids=completion_ids[:, :-1], attention_mask=attention, position_ids=positions, use_cache=True,
-                 **{keyword: cache}).logits
+    with layer_flags(checkpointed, _can_checkpoint_with_cache=True):
+        rest = model(input_ids=completion_ids[:, :-1], attention_mask=attention, position_ids=positions,
+                     use_cache=True, **{keyword: cache}).logits
     return torch.cat([first, rest], 1)
 
 

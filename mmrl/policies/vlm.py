@@ -104,6 +104,11 @@ class VLMConfig:
     vllm: VLLMSettings = field(default_factory=VLLMSettings)
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (large models)."""
+    share_prompts_under_checkpointing: bool = False
+    """With gradient checkpointing, still run each prompt once for its group in the update (faster), at a
+    memory cost: the prompt pass is not checkpointed and the group-expanded cache is kept for the recompute
+    (``mmrl plan`` shows both). Off: a checkpointed update scores row by row. Without checkpointing prompts
+    are always shared."""
     lora_rank: int = 0
     """> 0: train LoRA adapters of this rank (Hu et al. 2021) instead of all weights."""
     lora_alpha: float = 16.0
@@ -482,14 +487,15 @@ class VLMPolicy(Policy):
 
         Each distinct prompt is run once and its cache shared by its rows (:mod:`mmrl.policies.shared_prefix`);
         ``shared_prefix=False`` runs every row's prompt (the plain forward the tests compare against), as
-        does gradient checkpointing. ``with_token_types=False`` drops ``mm_token_type_ids`` from the plain
+        does gradient checkpointing unless ``share_prompts_under_checkpointing``. ``with_token_types=False`` drops ``mm_token_type_ids`` from the plain
         forward (the bug the tests demonstrate).
         """
         device = self.suppressed.device
         completion_ids, completion_mask = payload.completion_ids.to(device), payload.completion_mask.to(device)
         prompts = payload.prompts.to(device)
         shared = prompts.num_rows < len(payload.prompt_of_row)  # some prompt continues in several rows
-        if shared and shared_prefix and with_token_types and can_share(self.model, prompts):
+        if shared and shared_prefix and with_token_types and \
+                can_share(self.model, prompts, self.cfg.share_prompts_under_checkpointing):
             logits = score_logits(self.model, prompts, payload.prompt_of_row.to(device), completion_ids,
                                   completion_mask)
         else:

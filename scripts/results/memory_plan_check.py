@@ -25,6 +25,8 @@ CASES = [
     ("spatial_ssrl/tiny_cpu", 16, ()),
     ("spatial_ssrl/tiny_cpu", 64, ()),
     ("spatial_ssrl/tiny_cpu", 64, ("policy.args.gradient_checkpointing=true",)),
+    ("spatial_ssrl/tiny_cpu", 64, ("policy.args.gradient_checkpointing=true",
+                                   "policy.args.share_prompts_under_checkpointing=true")),
     ("spatial_ssrl/tiny_cpu", 64, ("policy.args.dtype=bfloat16",)),
     ("spatial_ssrl/tiny_cpu", 16, ("policy.args.attn_implementation=eager",)),
     ("spatial_ssrl/tiny_cpu", 16, ("policy.args.lora_rank=8",)),

@@ -67,12 +67,34 @@ def test_shared_prefix_with_lora_and_one_token_completions():
     assert_shared_equals_plain(policy, one)
 
 
-def test_gradient_checkpointing_scores_row_by_row_with_the_same_numbers():
-    policy = tiny(gradient_checkpointing=True).train()
-    rollout = policy.rollout(mixed_examples(), 2, SamplingParams(temperature=1.0, max_new_tokens=6), seed=3)
-    assert not can_share(policy.model, rollout.payload.prompts)  # the cache is off under checkpointing
-    out = policy.score(rollout.payload)
-    assert ((out.logp - rollout.logp) * rollout.mask).abs().max() < 1e-5
+@pytest.mark.parametrize("lora_rank", [0, 4])
+def test_gradient_checkpointing_shares_the_prompt_with_the_same_numbers(lora_rank):
+    """share_prompts_under_checkpointing: the prompt pass runs plain and writes the cache; the completion pass is
+    checkpointed over a read-only copy (its recompute reads the same states): log-probs and gradients as without."""
+    plain = tiny(lora_rank=lora_rank).train()
+    checkpointed = tiny(lora_rank=lora_rank, gradient_checkpointing=True,
+                        share_prompts_under_checkpointing=True).train()
+    rollout = plain.rollout(mixed_examples(), 2, SamplingParams(temperature=1.0, max_new_tokens=6), seed=3)
+    payload, mask = rollout.payload, rollout.mask
+    assert can_share(checkpointed.model, payload.prompts, under_checkpointing=True)
+    assert not can_share(checkpointed.model, payload.prompts)  # by default checkpointing scores row by row
+    attention = next(m for m in checkpointed.modules() if type(m).__name__.endswith("DecoderLayer")).self_attn
+    calls = []
+    handle = attention.register_forward_hook(lambda *_: calls.append(1))
+    out = checkpointed.score(payload)
+    loss = (out.logp * mask).sum() / mask.sum()
+    gradients = grads(checkpointed, loss)
+    handle.remove()
+    assert len(calls) == 3  # the prompt pass, the completion pass, and its recompute in the backward pass
+    reference = plain.score(payload, shared_prefix=False)
+    assert ((out.logp - reference.logp) * mask).abs().max() < 1e-5
+    for a, b in zip(gradients, grads(plain, (reference.logp * mask).sum() / mask.sum())):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
+    # the layers' own flags are back as they were
+    layer = attention
+    assert "_can_checkpoint_with_cache" not in vars(layer) and all(
+        m.gradient_checkpointing for m in checkpointed.modules() if hasattr(m, "gradient_checkpointing")
+        and type(m).__name__.endswith("DecoderLayer"))
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.0])
