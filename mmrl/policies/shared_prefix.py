@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -162,10 +163,12 @@ def prefill_for_generation(model: nn.Module, prompts: VisionPrompts, group_size:
     prefill per prompt: all prompt tokens but the last run once, the cache is repeated ``group_size``
     times, and the rope offsets are set for the expanded rows (``generate`` then runs the last prompt
     token and samples). None where that does not apply (not a Qwen-VL, or a prompt ending in an
-    image token), and the caller generates row by row."""
+    image token), and the caller generates row by row. Positions are computed here if the prompts lack them."""
     holder = rope_holder(model)
-    if holder is None or prompts.position_ids is None or bool(prompts.mm_token_type_ids[:, -1].any()):
+    if holder is None or bool(prompts.mm_token_type_ids[:, -1].any()):
         return None
+    if prompts.position_ids is None:
+        prompts = replace(prompts, position_ids=prompt_positions(model, prompts))
     keyword = cache_keyword(model)
     cache = DynamicCache(config=plain_model(model).config)
     model(input_ids=prompts.input_ids[:, :-1], attention_mask=prompts.attention_mask[:, :-1],

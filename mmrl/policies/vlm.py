@@ -362,8 +362,7 @@ class VLMPolicy(Policy):
             pixel_values=enc["pixel_values"].to(dtype) if flat else None,
             image_grid_thw=grid, images_per_row=images_per_row, pad_id=tokenizer.pad_token_id,
             texts=tuple(texts), images=tuple(resized), **self.video_fields(enc, clips, dtype))
-        # The 3-D positions once per prompt, here: sampling and every update pass reuse them.
-        return replace(prompts, position_ids=prompt_positions(self.model, prompts))
+        return prompts
 
     def check_prompt_length(self, index: int, text: str, images: Sequence[Any], videos: Sequence[Tensor]) -> None:
         """Text + image + video tokens of one templated prompt against ``max_prompt_tokens``, before tokenising."""
@@ -467,6 +466,8 @@ class VLMPolicy(Policy):
     @torch.no_grad()
     def rollout(self, examples: Sequence[Any], group_size: int, sampling: SamplingParams, seed: int) -> Rollout:
         prompts = self.encode(examples)
+        # The 3-D positions once per prompt, here: sampling and every update pass of these rows reuse them.
+        prompts = replace(prompts, position_ids=prompt_positions(self.model, prompts))
         rows = torch.arange(len(examples)).repeat_interleave(group_size)
         completions = self.sampler.sample(self.model, prompts, sampling, self.rules, seed, self.version,
                                           group_size=group_size)
@@ -494,6 +495,8 @@ class VLMPolicy(Policy):
         completion_ids, completion_mask = payload.completion_ids.to(device), payload.completion_mask.to(device)
         prompts = payload.prompts.to(device)
         shared = prompts.num_rows < len(payload.prompt_of_row)  # some prompt continues in several rows
+        if shared and prompts.position_ids is None:  # payloads built outside rollout (e.g. given outputs)
+            prompts = replace(prompts, position_ids=prompt_positions(self.model, prompts))
         if shared and shared_prefix and with_token_types and \
                 can_share(self.model, prompts, self.cfg.share_prompts_under_checkpointing):
             logits = score_logits(self.model, prompts, payload.prompt_of_row.to(device), completion_ids,

@@ -10,7 +10,7 @@ import torch
 
 from mmrl.core.registry import make_policy
 from mmrl.core.rollout import Rollout, SamplingParams
-from mmrl.policies.shared_prefix import can_share
+from mmrl.policies.shared_prefix import can_share, prefill_for_generation
 from mmrl.samplers.hf_generate import HFGenerateSampler
 from tests.policies.test_vlm import mixed_examples
 
@@ -101,6 +101,7 @@ def test_gradient_checkpointing_shares_the_prompt_with_the_same_numbers(lora_ran
 def test_the_prefilled_sampler_draws_what_generate_over_every_row_draws(temperature):
     policy = tiny().eval()
     prompts = policy.encode(mixed_examples())
+    assert prefill_for_generation(policy.model, prompts, 3) is not None  # the one-prefill path is taken
     sampling = SamplingParams(temperature=temperature, max_new_tokens=8)
     group = 3
     sampler = HFGenerateSampler()
