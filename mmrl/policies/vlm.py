@@ -488,8 +488,8 @@ class VLMPolicy(Policy):
 
         Each distinct prompt is run once and its cache shared by its rows (:mod:`mmrl.policies.shared_prefix`);
         ``shared_prefix=False`` runs every row's prompt (the plain forward the tests compare against), as
-        does gradient checkpointing unless ``share_prompts_under_checkpointing``. ``with_token_types=False`` drops ``mm_token_type_ids`` from the plain
-        forward (the bug the tests demonstrate).
+        does gradient checkpointing unless ``share_prompts_under_checkpointing``. ``with_token_types=False``
+        drops ``mm_token_type_ids`` from the plain forward (the bug the tests demonstrate).
         """
         device = self.suppressed.device
         completion_ids, completion_mask = payload.completion_ids.to(device), payload.completion_mask.to(device)
