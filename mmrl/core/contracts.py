@@ -104,8 +104,27 @@ class Task(Protocol):
     def reference_output(self, example: Any) -> Any: ...
 
 
+class ShowsBase:
+    """For an example built on another (``self.base``): the images, system text and videos it shows are the
+    base example's (none where the base has none)."""
+
+    base: Any
+
+    @property
+    def images(self) -> tuple[Any, ...]:
+        return tuple(getattr(self.base, "images", ()))
+
+    @property
+    def system(self) -> str | None:
+        return getattr(self.base, "system", None)
+
+    @property
+    def videos(self) -> tuple[Any, ...]:
+        return tuple(getattr(self.base, "videos", ()))
+
+
 @dataclass(frozen=True)
-class FollowUp:
+class FollowUp(ShowsBase):
     """A later turn of an episode: ``base``'s prompt, then ``history``, the (role, text) turns since, ending
     with a user turn (the verifier's feedback); the policy answers next. The reward stays ``base``'s.
 
@@ -119,18 +138,6 @@ class FollowUp:
     @property
     def prompt(self) -> str:
         return self.base.prompt
-
-    @property
-    def images(self) -> tuple[Any, ...]:
-        return tuple(getattr(self.base, "images", ()))
-
-    @property
-    def system(self) -> str | None:
-        return getattr(self.base, "system", None)
-
-    @property
-    def videos(self) -> tuple[Any, ...]:
-        return tuple(getattr(self.base, "videos", ()))
 
 
 @dataclass(frozen=True)

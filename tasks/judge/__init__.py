@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from mmrl.core.contracts import RewardResult
+from mmrl.core.contracts import RewardResult, ShowsBase
 from mmrl.core.registry import make_task, register_task
 from mmrl.core.typed import ConfigError
 
@@ -50,7 +50,7 @@ class JudgeConfig:
 
 
 @dataclass(frozen=True)
-class JudgeExample:
+class JudgeExample(ShowsBase):
     """A base example, a proposed answer and the verdict the base reward gives it."""
 
     base: Any
@@ -61,14 +61,6 @@ class JudgeExample:
     @property
     def prompt(self) -> str:
         return self.template.format(prompt=self.base.prompt, proposal=self.proposal)
-
-    @property
-    def images(self) -> tuple[Any, ...]:
-        return tuple(getattr(self.base, "images", ()))
-
-    @property
-    def system(self) -> str | None:
-        return getattr(self.base, "system", None)
 
 
 def verdict_of(output: Any) -> str | None:

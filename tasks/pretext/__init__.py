@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from mmrl.core.contracts import RewardResult
+from mmrl.core.contracts import RewardResult, ShowsBase
 from mmrl.core.registry import make_task, register_task
 from mmrl.core.typed import ConfigError
 
@@ -47,7 +47,7 @@ class MaskFillConfig:
 
 
 @dataclass(frozen=True)
-class MaskFillExample:
+class MaskFillExample(ShowsBase):
     base: Any
     text: str  # the masked transcript
     missing: str  # the masked number
@@ -56,14 +56,6 @@ class MaskFillExample:
     @property
     def prompt(self) -> str:
         return self.template.format(text=self.text)
-
-    @property
-    def images(self) -> tuple[Any, ...]:
-        return tuple(getattr(self.base, "images", ()))
-
-    @property
-    def system(self) -> str | None:
-        return getattr(self.base, "system", None)
 
 
 def mask_one_number(text: str, rng: np.random.Generator, mask_token: str) -> tuple[str, str] | None:
