@@ -14,10 +14,12 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 import yaml
 
@@ -421,5 +423,30 @@ def script_main(default_recipe: str, description: str, argv: list[str] | None = 
     return reported(lambda: run_train(args), parser.prog)
 
 
+def exit_process(code: int) -> NoReturn:
+    """End a command-line process with exit status ``code`` (``mmrl``, the scripts in ``scripts/``).
+
+    One of several processes started by ``accelerate launch`` / ``torchrun`` (``WORLD_SIZE`` > 1) ends with
+    ``os._exit`` once its output is flushed, without the interpreter's teardown. The reason (torch 2.14, gloo;
+    seen in CI and reproduced here about one launch in five on two loaded CPU cores): gloo's worker threads
+    outlive ``destroy_process_group`` while the model still references the group, and a worker that frees its
+    last finished collective (whose tensors have Python objects) while the interpreter is finalising must take
+    the GIL, which at that point ends the thread: the process aborts with "terminate called without an active
+    exception" (SIGABRT) after a run that had finished and saved everything. Every file a run writes is closed
+    before this (the logger, checkpoints); one-process runs exit normally.
+    """
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
+def entry() -> NoReturn:
+    """The ``mmrl`` command (and ``python -m mmrl.cli``): ``main`` and its exit status."""
+    exit_process(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

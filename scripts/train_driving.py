@@ -22,7 +22,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from mmrl.cli import USER_ERRORS, add_train_arguments, parse_with_overrides, run_train
+from mmrl.cli import USER_ERRORS, add_train_arguments, exit_process, parse_with_overrides, run_train
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,4 +55,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

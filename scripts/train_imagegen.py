@@ -9,9 +9,7 @@ The starting pipelines are pretrained on first use (``mmrl pretrain-imagegen``, 
 CPU) and cached in ``$MMRL_CACHE/imagegen``. The same implementation as ``mmrl train``.
 """
 
-import sys
-
-from mmrl.cli import script_main
+from mmrl.cli import exit_process, script_main
 
 if __name__ == "__main__":
-    sys.exit(script_main("configs/ddpo/tiny_cpu.yaml", __doc__))
+    exit_process(script_main("configs/ddpo/tiny_cpu.yaml", __doc__))

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from mmrl.core.checkpoint import latest_checkpoint
-from mmrl.cli import USER_ERRORS, add_train_arguments, parse_with_overrides, run_train
+from mmrl.cli import USER_ERRORS, add_train_arguments, exit_process, parse_with_overrides, run_train
 from mmrl.core.config import load_config
 from mmrl.core.registry import make_policy, make_task
 from mmrl.tasks.robot.videos import write_rollout_videos
@@ -44,4 +44,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -13,9 +13,7 @@ RUN/checkpoints/step_N/policy --out DIR` (LoRA merged into a plain HF checkpoint
 The same implementation as ``mmrl train``: a recipe, dotted overrides, one trainer loop.
 """
 
-import sys
-
-from mmrl.cli import script_main
+from mmrl.cli import exit_process, script_main
 
 if __name__ == "__main__":
-    sys.exit(script_main("configs/vlm_sanity/tiny_cpu.yaml", __doc__))
+    exit_process(script_main("configs/vlm_sanity/tiny_cpu.yaml", __doc__))

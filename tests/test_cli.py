@@ -3,8 +3,10 @@ errors in one line with exit code 2, before touching the run folder."""
 
 from __future__ import annotations
 
+import os
 import re
 import runpy
+import subprocess
 import sys
 from pathlib import Path
 
@@ -191,3 +193,15 @@ def test_a_corrupt_image_in_an_image_folder_is_one_line_and_leaves_no_run_folder
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"mmrl train: error: {images / 'broken.png'}: not a readable image"), err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("world_size", ["1", "2"])
+def test_a_launched_process_exits_with_the_commands_status_and_its_output_flushed(world_size):
+    """``mmrl`` ends each of several launched processes without interpreter teardown (gloo's threads can
+    abort it there); the exit status and everything printed, to a pipe, still come out."""
+    code = "from mmrl.cli import exit_process; print('summary', flush=False); exit_process(3)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**{k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"},
+                               "WORLD_SIZE": world_size})
+    assert proc.returncode == 3
+    assert proc.stdout == "summary\n"

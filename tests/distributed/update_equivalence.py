@@ -25,6 +25,7 @@ import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.tensor import DTensor
 
+from mmrl.cli import exit_process
 from mmrl.core.config import load_config
 from mmrl.core.rollout import SamplingParams, derive_seed
 from mmrl.core.trainer import Trainer
@@ -112,3 +113,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    exit_process(0)
