@@ -13,8 +13,8 @@ the missing number.
 0 with a reason.
 
 INFERRED: the abstract masks steps of multi-step solutions. Our data have one-line answers, so the
-transcript is the question and its answer, and the masked span is one number. Step reordering is not built.
-The recipe is ``configs/mr_rlvr/text_tiny_cpu.yaml`` (pretext stage, then outcome RLVR).
+transcript is the question and its answer, and the masked span is one number. Step reordering is
+``pretext/step-order-v0`` (``step_order.py``). The recipe is ``configs/mr_rlvr/text_tiny_cpu.yaml`` (pretext stage, then outcome RLVR).
 """
 
 from __future__ import annotations
@@ -113,3 +113,5 @@ class MaskFillTask:
 
 
 register_task(TASK_ID, MaskFillTask, MaskFillConfig)
+
+from mmrl.tasks.pretext import step_order  # noqa: E402,F401  (registers pretext/step-order-v0)
