@@ -219,3 +219,31 @@ def test_fest_term_is_the_decayed_sft_loss_on_the_fixed_demonstrations(tmp_path)
     demos = {d.digits for d in hook.demos}
     losses = [trainer.policy.sft_loss([d], [trainer.task.reference_output(d)]).item() for d in hook.demos]
     assert min(losses) - 1e-5 <= sft <= max(losses) + 1e-5 and len(demos) == 6
+
+
+# -- on the VLM (Qwen2.5-VL architecture, bring-your-own-data rows with images) ----------------------------
+
+VLM = ["warm_start.sft_steps=5", "warm_start.vision_steps=0", "rollout.prompts_per_step=4", "rollout.group_size=4",
+       "trainer.minibatches=1", "eval.num_examples=4", "eval.every=0", *QUIET]
+
+
+@pytest.mark.parametrize("variant", [
+    ["algo.seele=true"],
+    ["algo.ampo=true", "algo.extra.ampo={fail_threshold: 0.5}"],
+    ["algo.eapo=true", "algo.extra.eapo={success_threshold: -1.0, fail_threshold: 2.0}"],
+    ["algo.fest=true", "algo.extra.fest={demonstrations: 8, batch_size: 4}"],
+], ids=["seele", "ampo", "eapo", "fest"])
+def test_guidance_variants_train_the_vlm(tmp_path, variant):
+    trainer = Trainer(load_config("data/tiny_cpu", [*VLM, "trainer.steps=2", *variant]), tmp_path / "run")
+    if "algo.eapo=true" in variant:  # replayed rows re-scored by the VLM keep their stored behaviour log-probs
+        hook = dict(trainer.rollout_hooks)["eapo"]
+        first = trainer.collect()
+        sampling = SamplingParams(1.0, 1.0, trainer.cfg.rollout.max_new_tokens)
+        again = trainer.score(trainer.policy.rollout(first.examples, 4, sampling, 5), first.examples)
+        batch = hook.refine(again, Round(0, sampling, 5, trainer.draw))
+        assert hook.metrics()["rollout/eapo_replayed_rows"] == 4 and batch.rollout.num_rows == 16
+    trainer.train()
+    rows = rows_of(tmp_path / "run")
+    assert all(math.isfinite(r["loss/total"]) for r in rows[1:])
+    name = variant[0].split(".")[1].split("=")[0]
+    assert any(name in key for key in rows[-1])  # the hook's metrics are logged
