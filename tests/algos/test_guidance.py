@@ -65,7 +65,8 @@ def test_difficulty_fit_is_the_map_estimate():
 
     def negative_log_posterior(b: float) -> float:  # the same objective, by scipy's bounded scalar search
         z = slope * (hints.double() - b)
-        ll = (successes * torch.nn.functional.logsigmoid(z) + (1 - successes) * torch.nn.functional.logsigmoid(-z)).sum()
+        logsigmoid = torch.nn.functional.logsigmoid
+        ll = (successes * logsigmoid(z) + (1 - successes) * logsigmoid(-z)).sum()
         return -(float(ll) - (b - mu) ** 2 / (2 * sd ** 2))
 
     expected = minimize_scalar(negative_log_posterior, bounds=(-2, 3), method="bounded").x

@@ -86,7 +86,8 @@ DIFFICULTY_GRID = torch.linspace(-2.0, 3.0, 1001, dtype=torch.float64)
 
 def fit_difficulty(hints: Tensor, successes: Tensor, slope: float, prior_mean: float, prior_std: float) -> float:
     """The MAP difficulty b of a prompt from its (hint fraction, success ∈ [0, 1]) pairs [K]:
-    argmax_b Σ_k s_k log σ(a(h_k − b)) + (1 − s_k) log σ(−a(h_k − b)) − (b − μ)² / 2σ², on a fixed grid
+    argmax_b Σ_k s_k log σ(a(h_k − b)) + (1 − s_k) log σ(−a(h_k − b)) − (b − μ)² / 2σ²,
+    on a fixed grid
     (deterministic; the prior keeps all-success or all-failure data finite)."""
     b = DIFFICULTY_GRID[:, None]  # [G, 1]
     z = slope * (hints.double()[None, :] - b)  # [G, K]
@@ -164,7 +165,8 @@ class Seele(RolloutHook):
         for r in range(rounds):
             size = group_size // rounds + (r < group_size % rounds)
             prefixes = [hint_prefix(ref, self.next_hint(seen[k][:p.max_history])) for k, ref in zip(keys, references)]
-            drawn = inner([Prefixed(e, h) for e, h in zip(examples, prefixes)], size, sampling, derive_seed(seed, 99, r))
+            hinted = [Prefixed(e, h) for e, h in zip(examples, prefixes)]
+            drawn = inner(hinted, size, sampling, derive_seed(seed, 99, r))
             which = drawn.example_index.tolist()
             drawn = drawn.replace(outputs=[prefixes[i] + str(o) for i, o in zip(which, drawn.outputs)])
             outcome = self.ctx.score(drawn, list(examples)).outcome
@@ -430,8 +432,8 @@ class Eapo(RolloutHook):
         scored = self.ctx.policy.rollout_from_outputs([part.examples[g] for g in groups],
                                                       [part.rollout.outputs[i] for i in rows], sampling)
         lengths = scored.mask.sum(1).long().tolist()
-        return [(keys[g], Experience(scored.outputs[j], tuple(scored.logp[j, :lengths[j]].tolist()), scored.policy_version))
-                for j, g in enumerate(groups)]
+        return [(keys[g], Experience(scored.outputs[j], tuple(scored.logp[j, :lengths[j]].tolist()),
+                                     scored.policy_version)) for j, g in enumerate(groups)]
 
     def add_to_buffer(self, stored: list[tuple[str, Experience]]) -> None:
         (everything,) = self.ctx.engine.gather_objects(stored)
