@@ -274,6 +274,7 @@ def list_components() -> str:
 
     from mmrl.algos import (ADVANTAGE_ESTIMATORS, AGGREGATIONS, GAUSSIAN_KL_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES,
                             SHAPING_HOOKS)
+    from mmrl.algos.hooks import LOSS_HOOKS, ROLLOUT_HOOKS
     from mmrl.algos.variants import LOSS_TERMS, REHEARSAL_DIVERGENCES, ROLLOUT_STRATEGIES
     from mmrl.core.config import list_recipes
     from mmrl.core.registry import POLICIES, TASKS, load_plugins
@@ -287,6 +288,7 @@ def list_components() -> str:
                 ("KL estimators", KL_ESTIMATORS.names() + GAUSSIAN_KL_ESTIMATORS.names()),
                 ("shaping hooks", SHAPING_HOOKS.names()), ("rollout strategies", ROLLOUT_STRATEGIES.names()),
                 ("rehearsal divergences", REHEARSAL_DIVERGENCES.names()), ("loss terms", LOSS_TERMS.names()),
+                ("rollout hooks", ROLLOUT_HOOKS.names()), ("loss hooks", LOSS_HOOKS.names()),
                 ("sweep arms", SWEEP_ARMS.names()),
                 ("recipes", list_recipes())]
     return "\n".join(f"{title}:\n" + ("\n".join(f"  {n}" for n in names) or "  (none yet)")

@@ -97,6 +97,21 @@ class AlgoConfig:
     (``task.hinted``), and trained as answers to the hint-free prompt with the importance ratio
     π_θ(y|x) / π_old(y|x, hint) (``extra.guide``; mmrl/algos/variants/hooks.py ``Guide``)."""
 
+    seele: bool = False
+    """SEELE (seed #99): each group drawn in rounds with a prefix of the reference answer as a hint, its length
+    per prompt from an item-response fit aimed at a target success rate (``extra.seele``;
+    mmrl/algos/variants/guidance.py ``Seele``)."""
+    ampo: bool = False
+    """AMPO (seed #108): groups whose samples all fail get answers of teachers (checkpoint folders or the
+    reference answer), the most comprehensible replacing some rows, trained with π_old = 1 (``extra.ampo``;
+    mmrl/algos/variants/guidance.py ``Ampo``)."""
+    eapo: bool = False
+    """EAPO (seed #93): a prompt's earlier successful answers replace rows of its groups that all fail, with
+    their stored behaviour log-probs as π_old (importance sampling; ``extra.eapo``; ``Eapo``)."""
+    fest: bool = False
+    """FEST (seed #46): an SFT term on a fixed few-shot set of demonstrations added at every optimizer step, its
+    weight decaying over training (``extra.fest``; mmrl/algos/variants/guidance.py ``Fest``)."""
+
     answer_prefix: str | None = None
     """TFPI's ThinkFree input (seed #86): every training sample starts with this text already written (e.g.
     ``"<think></think>"``: no thinking), given as context; the task scores prefix + continuation. Evaluation

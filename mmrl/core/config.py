@@ -512,6 +512,10 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     if a.guide and cfg.trainer.recompute_logp_old:
         problems.append("algo.guide trains hinted rows with π_old(y | x, hint) as π_old: trainer.recompute_logp_old "
                         "would replace it with π_old(y | x) and undo the correction")
+    for flag, what in (("ampo", "teacher rows with π_old = 1"), ("eapo", "replayed rows with their stored π_old")):
+        if getattr(a, flag) and cfg.trainer.recompute_logp_old:
+            problems.append(f"algo.{flag} trains {what}: trainer.recompute_logp_old would replace it with the "
+                            f"current policy's and undo the correction")
     if a.tis_cap is not None and not cfg.trainer.recompute_logp_old:
         problems.append("algo.tis_cap needs trainer.recompute_logp_old: true (else π_old is the behaviour policy)")
     if a.dynamic_sampling and cfg.rollout.group_size < 2:

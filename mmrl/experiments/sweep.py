@@ -82,6 +82,20 @@ SWEEP_ARMS.register("low_likelihood", SweepArm(("algo.prompt_selection=low_likel
 SWEEP_ARMS.register("dyme", SweepArm(("algo.dyme=true",), "DyME (seed #33): SFT on the reference for all-failed groups"))
 SWEEP_ARMS.register("visurf", SweepArm(("rollout.reference_rows=1",),
                                        "ViSurf, arXiv 2510.10606 (1 reference answer + 7 samples per group)"))
+# Guidance when every sample of a prompt fails (issue 24). On the sanity task's soft reward a group rarely
+# scores 0 everywhere, so the arms treat a group without an exact answer as failed (fail_threshold 0.99).
+SWEEP_ARMS.register("seele", SweepArm(("algo.seele=true",),
+                                      "SEELE (seed #99): reference prefix as hint, length per prompt from an IRT fit "
+                                      "aimed at 50% success, 2 rounds (fit form INFERRED)"))
+SWEEP_ARMS.register("ampo", SweepArm(("algo.ampo=true", "algo.extra.ampo={fail_threshold: 0.99}"),
+                                     "AMPO (seed #108): the reference answer as teacher for groups without an exact "
+                                     "answer, π_old = 1 (no p/(p+γ) reshaping)"))
+SWEEP_ARMS.register("eapo", SweepArm(("algo.eapo=true", "algo.extra.eapo={fail_threshold: 0.99}"),
+                                     "EAPO (seed #93, as issue 24 describes it): a prompt's earlier exact answers "
+                                     "replayed into its failed groups, IS-corrected by stored π_old"))
+SWEEP_ARMS.register("fest", SweepArm(("algo.fest=true",),
+                                     "FEST (seed #46): SFT on 128 fixed demonstrations, weight 0.95^(step−1) "
+                                     "(decay INFERRED)"))
 SWEEP_ARMS.register("erpo", SweepArm(("algo.temperature_schedule=erpo",),
                                      "ERPO, arXiv 2511.04800 (all-correct prompts re-sampled +0.1 hotter, ≤ 1.5, "
                                      "reset once mixed; schedule INFERRED)"))

@@ -11,6 +11,7 @@ dataclasses in each module); trainer needs: :func:`~mmrl.algos.variants.params.a
 """
 
 from mmrl.algos.variants import group_estimators, hooks, objectives, outcome, selection, shaping  # noqa: F401  (registration)
+from mmrl.algos.variants import guidance  # noqa: F401  (registration: after hooks, so its hooks come last)
 from mmrl.algos.variants.adaptive_sampling import ROLLOUT_STRATEGIES, RolloutStrategy
 from mmrl.algos.variants.divergences import REHEARSAL_DIVERGENCES
 from mmrl.algos.variants.history import PromptHistory, prompt_key

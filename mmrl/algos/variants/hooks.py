@@ -15,14 +15,17 @@ Rollout hooks — ``draw`` wrappers nest first-outermost, ``refine`` runs in thi
 - ``keep_successes`` (RLoop): the step's rows that succeeded, kept on disk for a later ``rft`` stage
   (``rollout.keep_successes``);
 - ``prompt_history`` (MSSR / AERO's Beta posterior): per-prompt outcome counts for the estimator;
-- ``output_classes`` (Polychromic PPO): which rows of a group decoded to the same output.
+- ``output_classes`` (Polychromic PPO): which rows of a group decoded to the same output;
+- then those of ``mmrl/algos/variants/guidance.py``: ``seele`` (hinted rounds), ``ampo`` (teacher rows),
+  ``eapo`` (replayed successes).
 
 Loss hooks, in the order their terms are added:
 
 - ``loss_terms`` (CalibRL, PACS, FRPO): registered per-token / per-sequence terms (``algo.loss_terms``), with expert rows when needed;
 - ``behaviour_cloning`` (VLA-RFT): drift-gated BC on the warm start's examples (``algo.bc_coef`` > 0);
 - ``dyme`` (DyME): SFT on the reference for groups whose rollouts all failed (``algo.dyme``);
-- ``rehearsal`` (DPH-RL): an f-divergence to π_0 on its own always-solved samples (``algo.rehearsal_divergence``).
+- ``rehearsal`` (DPH-RL): an f-divergence to π_0 on its own always-solved samples (``algo.rehearsal_divergence``);
+- then ``fest`` (FEST, ``mmrl/algos/variants/guidance.py``): decaying SFT on a fixed few-shot set (``algo.fest``).
 """
 
 from __future__ import annotations
