@@ -12,14 +12,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from mmrl.algos.hooks import ROLLOUT_HOOKS, HookContext, HookSpec, Round, RolloutHook
+from mmrl.algos.variants.distillation import encodable
 from mmrl.algos.variants.params import declare_variant, variant_params
 from mmrl.core.contracts import FollowUp
 from mmrl.core.rollout import Rollout, derive_seed
 from mmrl.core.scored import Scored
+from mmrl.core.typed import ConfigError
 
 
 @dataclass(frozen=True)
@@ -74,7 +77,11 @@ class Cipo(RolloutHook):
     def __init__(self, ctx: HookContext):
         self.ctx, self.params = ctx, variant_params(ctx.cfg.algo, "cipo")
         if self.params.max_corrections < 1:
-            raise ValueError(f"algo.extra.cipo.max_corrections must be >= 1, got {self.params.max_corrections}")
+            raise ConfigError(f"algo.extra.cipo.max_corrections must be >= 1, got {self.params.max_corrections}")
+        probe = ctx.task.sample_batch("train", 1, np.random.default_rng(0))[0]
+        answer = ctx.task.reference_output(probe)
+        encodable(ctx.policy, FollowUp(probe, (("assistant", str(answer)), ("user", self.params.instruction))),
+                  answer, "algo.extra.cipo.instruction")
         self.prompts = self.samples = self.fixed = 0
 
     def refine(self, part: Scored, round_: Round) -> Scored:

@@ -31,6 +31,7 @@ from mmrl.core.contracts import FollowUp, Policy
 from mmrl.core.rescoring import forward_no_grad
 from mmrl.core.rollout import SamplingParams, derive_seed
 from mmrl.core.scored import Scored
+from mmrl.core.typed import ConfigError
 
 # -- loading a frozen checkpoint --------------------------------------------------------------------------
 
@@ -68,13 +69,23 @@ def frozen_copy(policy: Policy) -> Policy:
 
 def check_same_tokens(student: Policy, other: Policy, example: Any, output: Any, what: str) -> None:
     """``other`` must tokenise outputs as ``student`` does (its log-probs are read on the student's tokens): the
-    same token mask for one reference answer, else a ValueError naming ``what``."""
+    same token mask for one reference answer, else a ConfigError naming ``what``."""
     sampling = SamplingParams(1.0, 1.0, 1)
     mine = student.rollout_from_outputs([example], [output], sampling).mask
     theirs = other.rollout_from_outputs([example], [output], sampling).mask
     if mine.shape != theirs.shape or not torch.equal(mine, theirs):
-        raise ValueError(f"{what} tokenises text differently from the policy ({int(theirs.sum())} vs "
+        raise ConfigError(f"{what} tokenises text differently from the policy ({int(theirs.sum())} vs "
                          f"{int(mine.sum())} tokens for one reference answer): it must share the policy's tokenizer")
+
+
+def encodable(policy: Policy, example: Any, output: Any, what: str) -> None:
+    """``example`` (a context a hook writes) must be one the policy can encode: else a ConfigError naming ``what``
+    (e.g. a text with characters outside a character-level vocabulary), before any training."""
+    try:
+        policy.rollout_from_outputs([example], [output], SamplingParams(1.0, 1.0, 1))
+    except Exception as err:  # the tokenizer's own error type varies; name the setting that caused it
+        raise ConfigError(f"{what}: the policy cannot encode the text it writes ({' '.join(str(err).split())}); "
+                         f"use characters of the policy's vocabulary") from err
 
 
 # -- Direct-OPD -----------------------------------------------------------------------------------------
@@ -137,7 +148,7 @@ class TeacherShift(RolloutHook):
     def __init__(self, ctx: HookContext):
         p = variant_params(ctx.cfg.algo, "direct_opd")
         if p.teacher is None:
-            raise ValueError("advantage direct_opd needs algo.extra.direct_opd.teacher: the post-RL teacher's model "
+            raise ConfigError("advantage direct_opd needs algo.extra.direct_opd.teacher: the post-RL teacher's model "
                              "folder or run folder")
         self.ctx, device = ctx, ctx.engine.device
         self.teacher = frozen_policy(ctx.cfg, p.teacher, device, "algo.extra.direct_opd.teacher")
@@ -226,10 +237,15 @@ class Ssb(LossHook):
     def __init__(self, ctx: HookContext):
         self.ctx, self.params = ctx, variant_params(ctx.cfg.algo, "ssb")
         if self.params.teacher not in ("initial", "current"):
-            raise ValueError(f"algo.extra.ssb.teacher must be initial or current, got {self.params.teacher!r}")
+            raise ConfigError(f"algo.extra.ssb.teacher must be initial or current, got {self.params.teacher!r}")
         if "{correct}" not in self.params.hint_template or "{incorrect}" not in self.params.hint_template:
-            raise ValueError("algo.extra.ssb.hint_template must contain {correct} and {incorrect}")
+            raise ConfigError("algo.extra.ssb.hint_template must contain {correct} and {incorrect}")
         self.teacher = frozen_copy(ctx.policy) if self.params.teacher == "initial" else ctx.policy
+        probe = ctx.task.sample_batch("train", 1, np.random.default_rng(0))[0]
+        answer = ctx.task.reference_output(probe)
+        encodable(ctx.policy, FollowUp(probe, (("user", self.params.hint_template.format(correct=answer,
+                                                                                          incorrect=answer)),)),
+                  answer, "algo.extra.ssb.hint_template")
         self.bases: list[Any] = []
         self.hinted: list[Any] = []
         self.answers: list[Any] = []

@@ -33,6 +33,7 @@ from mmrl.algos.hooks import ROLLOUT_HOOKS, HookContext, HookSpec, RolloutHook
 from mmrl.algos.variants.distillation import frozen_copy
 from mmrl.algos.variants.params import declare_variant, variant_params
 from mmrl.core.scored import Scored
+from mmrl.core.typed import ConfigError
 
 
 @dataclass(frozen=True)
@@ -105,10 +106,10 @@ class Ebft(RolloutHook):
         p = self.params
         if p.features == "char_ngram":
             if p.ngram < 1 or p.buckets < 1:
-                raise ValueError(f"algo.extra.ebft: ngram and buckets must be >= 1, got {p.ngram}, {p.buckets}")
+                raise ConfigError(f"algo.extra.ebft: ngram and buckets must be >= 1, got {p.ngram}, {p.buckets}")
             return lambda examples, outputs: char_ngram_features([str(o) for o in outputs], p.ngram, p.buckets)
         if p.features != "hidden":
-            raise ValueError(f"algo.extra.ebft.features must be hidden or char_ngram, got {p.features!r}")
+            raise ConfigError(f"algo.extra.ebft.features must be hidden or char_ngram, got {p.features!r}")
         network, size = frozen_copy(ctx.policy), ctx.cfg.trainer.micro_batch_size
 
         def hidden(examples: Sequence[Any], outputs: Sequence[Any]) -> Tensor:
