@@ -23,6 +23,7 @@ from transformers import LogitsProcessor
 
 from mmrl.core.contracts import Policy
 from mmrl.policies.causal_lm import CausalLMPolicy
+from mmrl.policies.shared_prefix import cache_keyword
 from mmrl.policies.tokens import positions_from_mask
 
 
@@ -42,6 +43,7 @@ class LogitsExtrapolation(LogitsProcessor):
         self.base, self.alpha = base, alpha
         self.attention = prompt_mask
         self.cache = None
+        self.keyword = cache_keyword(base)  # ``cache`` in recent transformers, ``past_key_values`` before
 
     @torch.no_grad()
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
@@ -51,9 +53,9 @@ class LogitsExtrapolation(LogitsProcessor):
             new_ids = input_ids[:, -1:]
             self.attention = torch.cat([self.attention, torch.ones_like(self.attention[:, :1])], 1)
         positions = positions_from_mask(self.attention)[:, -new_ids.shape[1]:]
-        out = self.base(input_ids=new_ids, attention_mask=self.attention, position_ids=positions,
-                        past_key_values=self.cache, use_cache=True)
-        self.cache = out.past_key_values
+        out = self.base(input_ids=new_ids, attention_mask=self.attention, position_ids=positions, use_cache=True,
+                        **{self.keyword: self.cache})
+        self.cache = out[self.keyword]
         return extrapolated_logits(out.logits[:, -1], scores, self.alpha)
 
 
