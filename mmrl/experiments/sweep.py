@@ -107,7 +107,7 @@ SWEEP_ARMS.register("weighted_grpo", SweepArm(("algo.advantage=weighted_grpo",),
                                               "no prompt pairing)"))
 
 # Distillation and self-supervision variants of issue 24. direct_opd needs the post-RL teacher as an extra override
-# (algo.extra.direct_opd={teacher: RUN_OR_MODEL_FOLDER}); on a task whose vocabulary lacks the default texts (the
+# (algo.extra.direct_opd={teacher: RUN/checkpoints/step_N/policy}); on a task whose vocabulary lacks the default texts (the
 # sanity task's digits), give ssb / cipo texts it can encode (docs/algorithms.md).
 SWEEP_ARMS.register("direct_opd", SweepArm(("algo.advantage=direct_opd",),
                                           "Direct-OPD (seed #116): β·log(π_T/π_T0) per token − KL to the reference "

@@ -120,7 +120,7 @@ def test_distillation_arms_run_through_the_trainer(tmp_path, arm):
     if arm == "direct_opd":  # a teacher: another short run of the same recipe
         train(load_config("sanity/tiny_cpu", [*QUIET, "trainer.steps=2", "eval.every=0", "eval.num_examples=8",
                                               "warm_start.sft_steps=20"]), tmp_path / "teacher")
-        overrides.append(f"algo.extra.direct_opd={{teacher: {tmp_path / 'teacher'}}}")
+        overrides.append(f"algo.extra.direct_opd={{teacher: {tmp_path / 'teacher/checkpoints/step_2/policy'}}}")
     train(load_config("sanity/tiny_cpu", overrides), tmp_path / "run")
     rows = rows_of(tmp_path / "run")
     for row in rows[1:]:

@@ -37,19 +37,13 @@ from mmrl.core.typed import ConfigError
 
 
 def policy_folder(path: str, what: str) -> Path:
-    """The Hugging Face folder ``path`` names: the folder itself (it holds ``config.json``), or a run folder's
-    latest intact checkpoint's ``policy``; else a FileNotFoundError naming ``what``."""
-    from mmrl.core import checkpoint as ckpt
-
+    """``path`` when it is a Hugging Face model folder (it holds ``config.json``); else a FileNotFoundError naming
+    ``what`` (a run's policy is ``RUN/checkpoints/step_N/policy``)."""
     folder = Path(path)
-    if (folder / "config.json").is_file():
-        return folder
-    if (folder / "config.yaml").is_file() and (folder / "checkpoints").is_dir():
-        latest = ckpt.latest_checkpoint(folder)
-        if latest is not None and (latest / "policy" / "config.json").is_file():
-            return latest / "policy"
-    raise FileNotFoundError(f"{what}: {path} is neither a model folder (config.json) nor a run folder with a "
-                            f"full-weight checkpoint (export LoRA runs first: mmrl export)")
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"{what}: {path} is not a model folder (no config.json); give a saved policy, e.g. "
+                                f"RUN/checkpoints/step_N/policy (export LoRA runs first: mmrl export)")
+    return folder
 
 
 def frozen_policy(cfg: Any, path: str, device: Any, what: str) -> Policy:
@@ -94,10 +88,10 @@ def encodable(policy: Policy, example: Any, output: Any, what: str) -> None:
 @dataclass(frozen=True)
 class DirectOpdParams:
     teacher: str | None = None
-    """The post-RL teacher: a model folder or a run folder (its latest checkpoint), built as the run's policy
+    """The post-RL teacher: a model folder (e.g. ``RUN/checkpoints/step_N/policy``), built as the run's policy
     class; it must share the student's tokenizer. Required."""
     teacher_base: str | None = None
-    """The teacher's own pre-RL reference (same forms). None: the student's initial policy (the right pair when
+    """The teacher's own pre-RL reference (a model folder). None: the student's initial policy (the right pair when
     the teacher was trained by RL from the same starting point, e.g. a smaller run of the same model)."""
     beta: float = 1.0
     """β of the implicit reward β·(log π_teacher − log π_teacher_base)(y_t) (INFERRED: the abstract gives no
@@ -149,7 +143,7 @@ class TeacherShift(RolloutHook):
         p = variant_params(ctx.cfg.algo, "direct_opd")
         if p.teacher is None:
             raise ConfigError("advantage direct_opd needs algo.extra.direct_opd.teacher: the post-RL teacher's model "
-                             "folder or run folder")
+                             "folder (e.g. RUN/checkpoints/step_N/policy)")
         self.ctx, device = ctx, ctx.engine.device
         self.teacher = frozen_policy(ctx.cfg, p.teacher, device, "algo.extra.direct_opd.teacher")
         self.base = (frozen_copy(ctx.policy) if p.teacher_base is None else
