@@ -80,6 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
                           "n > k uses the unbiased estimator 1 − C(n−c, k)/C(n, k) of Chen et al. 2021")
     evaluate.add_argument("--plot", nargs="?", const="pass_at_k.png", default=None,
                           help="write the pass@k curve as a PNG (default path pass_at_k.png)")
+    evaluate.add_argument("--extrapolate-logits", type=float, default=None, metavar="ALPHA",
+                          help="sample from z_base + ALPHA·(z − z_base), z the model's logits and z_base those of "
+                               "--base (Linear evolution, #10: 0 base, 1 the model, > 1 extrapolates; causal_lm)")
+    evaluate.add_argument("--base", help="with --extrapolate-logits: the base weights (a model, run or sft folder "
+                                         "that the same policy loads)")
     evaluate.add_argument("--json", help="also write the metrics to this JSON file")
     add_import_argument(evaluate)
 
@@ -277,6 +282,7 @@ def list_components() -> str:
     from mmrl.algos.hooks import LOSS_HOOKS, ROLLOUT_HOOKS
     from mmrl.algos.variants import LOSS_TERMS, REHEARSAL_DIVERGENCES, ROLLOUT_STRATEGIES
     from mmrl.core.config import list_recipes
+    from mmrl.experiments.extrapolate import METHODS as EXTRAPOLATION_METHODS
     from mmrl.core.registry import POLICIES, TASKS, load_plugins
     from mmrl.experiments.sweep import SWEEP_ARMS
 
@@ -289,6 +295,8 @@ def list_components() -> str:
                 ("shaping hooks", SHAPING_HOOKS.names()), ("rollout strategies", ROLLOUT_STRATEGIES.names()),
                 ("rehearsal divergences", REHEARSAL_DIVERGENCES.names()), ("loss terms", LOSS_TERMS.names()),
                 ("rollout hooks", ROLLOUT_HOOKS.names()), ("loss hooks", LOSS_HOOKS.names()),
+                ("extrapolation", [f"{m}  (mmrl extrapolate --method {m})" for m in EXTRAPOLATION_METHODS]
+                 + ["logits  (mmrl eval --extrapolate-logits ALPHA --base BASE)"]),
                 ("sweep arms", SWEEP_ARMS.names()),
                 ("recipes", list_recipes())]
     return "\n".join(f"{title}:\n" + ("\n".join(f"  {n}" for n in names) or "  (none yet)")

@@ -34,6 +34,9 @@ class AdvantageInputs:
     # [N] long: rows of a group with equal ids decoded to equal outputs (estimators that declare the
     # "output_classes" need: set diversity, Polychromic PPO)
     output_class: Tensor | None = None
+    # [N, T] dense per-token implicit rewards computed by a rollout hook (estimators that declare the
+    # "teacher_shift" need: Direct-OPD's teacher log-ratio log π_teacher − log π_teacher_base on each token)
+    implicit_rewards: Tensor | None = None
 
 
 AdvantageFn = Callable[[AdvantageInputs, AlgoConfig], tuple[Tensor, Tensor | None]]

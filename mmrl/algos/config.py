@@ -14,7 +14,7 @@ class AlgoConfig:
     # -- advantage estimator -------------------------------------------------------------------
     advantage: str = "grpo"
     """Registered advantage estimator: grpo | rloo | reinforce_pp | gae | returns (+ the paper variants,
-    docs/algorithms.md: psr, nsr, w_reinforce, beta_posterior, polychromic, weighted_grpo, ...)."""
+    docs/algorithms.md: psr, nsr, w_reinforce, beta_posterior, polychromic, weighted_grpo, direct_opd, ...)."""
     norm_adv_by_std: bool = True
     """GRPO: divide by the group std (DeepSeekMath). False gives Dr. GRPO (Liu et al. 2025)."""
     adv_eps: float = 1e-6
@@ -128,6 +128,19 @@ class AlgoConfig:
     """Multi-turn feedback-guided RL (seed #28): a row that fails gets the task's feedback
     (``task.feedback``) as a user turn and is answered again, up to this many extra turns; the new answers
     join their prompt's group (``extra.feedback_turns``; mmrl/algos/variants/hooks.py ``FeedbackTurns``). 0: off."""
+
+    ssb: bool = False
+    """Semantic Soft Bootstrapping (SSB, seed #73): for groups with a correct and a wrong answer, the model is
+    shown both and writes a new answer; a verified one is distilled (KL of the whole next-token distributions)
+    from the hinted context into the bare prompt (``extra.ssb``; mmrl/algos/variants/distillation.py ``Ssb``)."""
+    cipo: bool = False
+    """CIPO (seed #95): failed samples become correction prompts (prompt, the failed answer, a request to
+    correct it), each sampled as a group of its own and trained beside the ordinary groups (``extra.cipo``;
+    mmrl/algos/variants/corrections.py ``Cipo``)."""
+    ebft: bool = False
+    """EBFT (seed #9): the reward of each sample is feature matching against the task's reference answer
+    (−distance in a fixed feature space, + a diversity term within the group), no verifier needed
+    (``extra.ebft``; mmrl/algos/variants/feature_matching.py ``Ebft``)."""
 
     rollout_strategy: str = "plain"
     """Registered rollout strategy (mmrl/algos/variants/adaptive_sampling.py): plain (``group_size``

@@ -247,3 +247,19 @@ class Policy(nn.Module, ABC):
         the task's reference answers injected into a group (ViSurf). Policies that can score a given
         output override this."""
         raise TypeError(f"{type(self).__name__} cannot score given outputs (rollout.reference_rows needs it)")
+
+    def completion_log_distributions(self, examples: Sequence[Any], outputs: Sequence[Any],
+                                     temperature: float) -> tuple[Tensor, Tensor]:
+        """The whole next-token distribution at every position of given outputs (each followed by EOS, as
+        :meth:`rollout_from_outputs` scores them), with gradients: log softmax(logits / ``temperature``) with the
+        suppressed ids at −inf, [n, T, V], and the outputs' token mask [n, T] float. For losses that match
+        distributions rather than sampled tokens (SSB's logit distillation, ``algo.ssb``). Token policies
+        override this."""
+        raise TypeError(f"{type(self).__name__} has no next-token distributions (algo.ssb needs them)")
+
+    def completion_features(self, examples: Sequence[Any], outputs: Sequence[Any]) -> Tensor:
+        """[n, D]: the mean of the last hidden state over the tokens of given outputs (each followed by EOS), no
+        gradients: a sequence embedding for feature matching (EBFT, ``algo.extra.ebft.features: hidden``).
+        Token policies override this."""
+        raise TypeError(f"{type(self).__name__} has no hidden-state features (use algo.extra.ebft.features: "
+                        f"char_ngram)")

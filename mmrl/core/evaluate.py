@@ -4,6 +4,8 @@
     mmrl eval curvebench/easy-v0 --model runs/curvebench --k 4      # a run: its policy config + latest checkpoint
     mmrl eval sanity/tiny_cpu --model runs/sanity --k 16 --n 64 --plot   # pass@1..16 from 64 samples, PNG curve
     mmrl eval configs/vie/tiny_cpu.yaml --model runs/vie_sft         # a recipe's task and policy, these weights
+    mmrl eval sanity/tiny_cpu --model runs/sanity --base runs/sanity/checkpoints/step_20/policy \
+        --extrapolate-logits 1.5                                     # sample from z_base + 1.5·(z − z_base)
 
 The metrics are the trainer's held-out ones (``reward_mean`` and the task's ``metrics``), computed
 by the same functions, so a number printed here equals the ``eval/<metric>`` a run logs for the
@@ -12,6 +14,7 @@ same weights, examples, temperature and seed.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -248,14 +251,12 @@ def recipe_with_policy_of(recipe: str, run_data: dict, run: Path) -> dict:
     return data
 
 
-def evaluate_target(target: str, model: str | None, overrides: Sequence[str], splits: Sequence[str],
-                    s: EvalSettings, policy_name: str = "vlm", max_new_tokens: int | None = None
-                    ) -> dict[str, dict[str, float]]:
-    """Build the task and policy (:func:`resolve`), load the weights, evaluate every split."""
-    from mmrl.core.registry import make_policy, make_task
+def load_policy(target: str, model: str | None, overrides: Sequence[str], policy_name: str,
+                flag: str = "--model") -> tuple[TrainConfig, Policy]:
+    """The config (:func:`resolve`) and its policy with ``model``'s weights loaded."""
+    from mmrl.core.registry import make_policy
 
     cfg, weights = resolve(target, model, overrides, policy_name)
-    task = make_task(cfg.task.name, cfg.task.args)
     try:
         policy = make_policy(cfg.policy.name, cfg.policy.args)
         if weights is not None:
@@ -263,13 +264,35 @@ def evaluate_target(target: str, model: str | None, overrides: Sequence[str], sp
     except OSError as err:  # e.g. transformers' "no file named model.safetensors ... found"
         if model is None:
             raise
-        raise FileNotFoundError(f"--model {model}: not a model folder that {cfg.policy.name!r} can load "
+        raise FileNotFoundError(f"{flag} {model}: not a model folder that {cfg.policy.name!r} can load "
                                 f"({' '.join(str(err).split())})") from None
+    return cfg, policy
+
+
+def evaluate_target(target: str, model: str | None, overrides: Sequence[str], splits: Sequence[str],
+                    s: EvalSettings, policy_name: str = "vlm", max_new_tokens: int | None = None,
+                    extrapolate_logits: float | None = None, base: str | None = None
+                    ) -> dict[str, dict[str, float]]:
+    """Build the task and policy (:func:`resolve`), load the weights, evaluate every split. With
+    ``extrapolate_logits`` α, sample from z_base + α·(z − z_base), the base being ``base``'s weights in the same
+    policy (:mod:`mmrl.policies.logits_extrapolation`)."""
+    from mmrl.core.registry import make_task
+
+    if (extrapolate_logits is None) != (base is None):
+        raise ConfigError("--extrapolate-logits ALPHA and --base BASE go together")
+    cfg, policy = load_policy(target, model, overrides, policy_name)
+    task = make_task(cfg.task.name, cfg.task.args)
     # pass@k samples and threshold as the config's evaluation defines them (a run's own settings)
     s = dataclasses.replace(s, max_new_tokens=max_new_tokens or cfg.rollout.max_new_tokens,
                             pass_temperature=cfg.eval.pass_temperature, pass_threshold=cfg.eval.pass_threshold)
-    return {split: evaluate_policy(policy, task, cfg.task.name, dataclasses.replace(s, split=split))
-            for split in splits}
+    with contextlib.ExitStack() as stack:
+        if extrapolate_logits is not None:
+            from mmrl.policies.logits_extrapolation import logits_extrapolation
+
+            _, base_policy = load_policy(target, base, overrides, policy_name, "--base")
+            stack.enter_context(logits_extrapolation(policy, base_policy, extrapolate_logits))
+        return {split: evaluate_policy(policy, task, cfg.task.name, dataclasses.replace(s, split=split))
+                for split in splits}
 
 
 def run_eval(args: Any) -> str:
@@ -285,13 +308,15 @@ def run_eval(args: Any) -> str:
     settings = EvalSettings(num_examples=args.num_examples, seed=args.seed, temperature=args.temperature, k=args.k,
                             n=args.n)
     results = evaluate_target(args.target, args.model, args.overrides, splits, settings, args.policy,
-                              args.max_new_tokens)
+                              args.max_new_tokens, args.extrapolate_logits, args.base)
     if args.json:
         Path(args.json).write_text(json.dumps({"target": args.target, "model": args.model,
                                                "settings": dataclasses.asdict(settings), "metrics": results},
                                               indent=2))
     lines = [f"{args.target}: {args.num_examples} examples per split, temperature {args.temperature}, "
-             f"seed {args.seed}" + (f", model {args.model}" if args.model else "")]
+             f"seed {args.seed}" + (f", model {args.model}" if args.model else "")
+             + (f", logits extrapolated from {args.base} with alpha {args.extrapolate_logits}"
+                if args.extrapolate_logits is not None else "")]
     for split, metrics in results.items():
         lines.append(f"[{split}]")
         lines += [f"  {key:<28} {value:.4f}" for key, value in metrics.items()]

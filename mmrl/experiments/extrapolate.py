@@ -20,7 +20,8 @@ retrievable: these are INFERRED from the abstract.
 ``--method linear`` is the plain weight extrapolation of "Linear evolution" (seed #10: weights and
 log-probs evolve near-linearly in the RL step): every weight on its own least-squares line through
 (0, W_0) and the observed (s_j, W_{s_j}), read at T — the full deltas, noise included. (The same
-paper's logits extrapolation, which combines two models' logits at sampling time, is not built.)
+paper's logits extrapolation, which combines two models' logits at sampling time, is
+``mmrl eval --extrapolate-logits``: :mod:`mmrl.policies.logits_extrapolation`.)
 
     mmrl extrapolate runs/x --observe 10,20 --target 60 --out runs/x_relex
 

@@ -120,6 +120,22 @@ SWEEP_ARMS.register("weighted_grpo", SweepArm(("algo.advantage=weighted_grpo",),
                                               "Weighted GRPO, arXiv 2602.03452 (rare events × 2; form INFERRED; "
                                               "no prompt pairing)"))
 
+# Distillation and self-supervision variants of issue 24. direct_opd needs the post-RL teacher as an extra override
+# (algo.extra.direct_opd={teacher: RUN/checkpoints/step_N/policy}); on a task whose vocabulary lacks the default texts (the
+# sanity task's digits), give ssb / cipo texts it can encode (docs/algorithms.md).
+SWEEP_ARMS.register("direct_opd", SweepArm(("algo.advantage=direct_opd",),
+                                          "Direct-OPD (seed #116): β·log(π_T/π_T0) per token − KL to the reference "
+                                          "(β = λ = 1; teacher in algo.extra.direct_opd.teacher; no verifier)"))
+SWEEP_ARMS.register("ssb", SweepArm(("algo.ssb=true",),
+                                   "SSB (seed #73, arXiv 2512.05105): hinted answers distilled into the bare prompt "
+                                   "(KL at T = 2, coef 1), beside GRPO"))
+SWEEP_ARMS.register("cipo", SweepArm(("algo.cipo=true",),
+                                    "CIPO (seed #95): 4 failed samples per step become correction prompts, each a "
+                                    "group of its own, beside GRPO"))
+SWEEP_ARMS.register("ebft", SweepArm(("algo.ebft=true",),
+                                    "EBFT (seed #9): feature-matching reward vs the reference (frozen initial "
+                                    "hidden states, γ = 1), no verifier"))
+
 
 @dataclass(frozen=True)
 class SweepSpec:

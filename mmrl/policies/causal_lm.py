@@ -8,7 +8,7 @@ are the decoded completion strings.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -16,17 +16,21 @@ from typing import Any, Literal
 import torch
 from safetensors.torch import load_file, save_file
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LogitsProcessorList,
-                          PreTrainedTokenizerFast)
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LogitsProcessor,
+                          LogitsProcessorList, PreTrainedTokenizerFast)
 
 from mmrl.core.contracts import Policy, PolicyOutput, answer_prefix_of, turns_of
 from mmrl.core.paths import resolve_asset
 from mmrl.policies.lora import add_lora, load_lora_weights
 from mmrl.policies.tokens import (BehaviourLogprobs, TokenPayload, completion_mask_from_eos, positions_from_mask,
-                                  token_logprobs)
+                                  tempered_log_softmax, token_logprobs)
 from mmrl.core.rollout import Rollout, SamplingParams
 
 PAD, EOS = "<pad>", "<eos>"
+
+LogitsGuide = Callable[[torch.Tensor, torch.Tensor], LogitsProcessor]
+"""``(prompt_ids [N, P], prompt_mask [N, P]) -> LogitsProcessor``: a processor for one ``generate`` call that
+changes the raw logits before sampling (logits extrapolation, :mod:`mmrl.policies.logits_extrapolation`)."""
 VALUE_HEAD_FILE = "value_head.safetensors"
 
 
@@ -105,6 +109,9 @@ class CausalLMPolicy(Policy):
         self.model.generation_config = GenerationConfig(
             pad_token_id=self.pad_id, eos_token_id=self.eos_ids, bos_token_id=tokenizer.bos_token_id)
         self.lora = False
+        self.logits_guides: tuple[LogitsGuide, ...] = ()
+        """Processors applied to the raw logits of every ``rollout``, in order, before the sampling distribution
+        is formed (empty: the model's own logits)."""
         self.value_head = None
         if value_head:
             # V(s_t) from the hidden state that predicts token t; zero-initialised so the critic
@@ -193,10 +200,11 @@ class CausalLMPolicy(Policy):
             # The one processor applies temperature, suppressed ids and top-p, and records each sampled token's
             # log-prob step by step (the HF sampler's: no [N, T, V] stack of every step's logits).
             behaviour = BehaviourLogprobs(sampling.temperature, sampling.top_p, self.suppressed)
+            guides = [guide(prompt_ids, prompt_mask) for guide in self.logits_guides]
             out = self.model.generate(
                 input_ids=prompt_ids, attention_mask=prompt_mask, do_sample=not greedy,
                 **({} if greedy else {"temperature": 1.0, "top_p": 1.0, "top_k": 0}),
-                max_new_tokens=sampling.max_new_tokens, logits_processor=LogitsProcessorList([behaviour]),
+                max_new_tokens=sampling.max_new_tokens, logits_processor=LogitsProcessorList([*guides, behaviour]),
                 return_dict_in_generate=True)
         self.model.train(was_training)
         completion_ids = out.sequences[:, prompt_ids.shape[1]:]
@@ -216,15 +224,19 @@ class CausalLMPolicy(Policy):
                        policy_version=self.version, values=None if values is None else values.cpu())
 
     # -- scoring ---------------------------------------------------------------------------------
-    def score(self, payload: TokenPayload, with_entropy: bool = False) -> PolicyOutput:
+    def run_model(self, payload: TokenPayload, hidden_states: bool = False) -> tuple[Any, slice]:
+        """The model over every row's prompt + completion, and the positions that predict the completion
+        (position i predicts token i + 1: the completion is predicted from positions P−1 .. P+T−2)."""
         device = self.suppressed.device
-        prompt_len = payload.prompt_ids.shape[1]
         input_ids = torch.cat([payload.prompt_ids, payload.completion_ids], 1).to(device)
         attention = torch.cat([payload.prompt_mask, payload.completion_mask], 1).to(device)
         out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions_from_mask(attention),
-                         output_hidden_states=self.value_head is not None)
-        # Position i predicts token i + 1: the completion is predicted from positions P−1 .. P+T−2.
-        predicting = slice(prompt_len - 1, input_ids.shape[1] - 1)
+                         output_hidden_states=hidden_states)
+        return out, slice(payload.prompt_ids.shape[1] - 1, input_ids.shape[1] - 1)
+
+    def score(self, payload: TokenPayload, with_entropy: bool = False) -> PolicyOutput:
+        device = self.suppressed.device
+        out, predicting = self.run_model(payload, hidden_states=self.value_head is not None)
         mask = payload.completion_mask.to(device).float()
         logp, entropy = token_logprobs(out.logits[:, predicting], payload.completion_ids.to(device),
                                        payload.temperature, self.suppressed, mask, with_entropy)
@@ -240,13 +252,7 @@ class CausalLMPolicy(Policy):
     def rollout_from_outputs(self, examples: Sequence[Any], outputs: Sequence[str],
                              sampling: SamplingParams) -> Rollout:
         """Rows for given completions (each followed by EOS, as sampled ones end), scored as ``forward`` scores."""
-        if len(examples) != len(outputs):
-            raise ValueError(f"{len(examples)} examples for {len(outputs)} outputs")
-        prompt_ids, prompt_mask = self._encode_prompts([prompt_text(ex) for ex in examples])
-        enc = self.tokenizer([o + self.tokenizer.eos_token for o in outputs], padding=True, padding_side="right",
-                             return_tensors="pt", add_special_tokens=False)
-        payload = TokenPayload(prompt_ids.cpu(), prompt_mask.cpu(), enc["input_ids"], enc["attention_mask"],
-                               torch.full((len(examples),), sampling.temperature, dtype=torch.float32), self.pad_id)
+        payload = self.given_payload(examples, outputs, sampling.temperature)
         was_training = self.model.training
         self.model.eval()
         out = self.score(payload)
@@ -257,13 +263,33 @@ class CausalLMPolicy(Policy):
                        outputs=list(outputs), payload=payload, policy_version=self.version,
                        values=None if out.values is None else out.values.cpu())
 
-    def sft_loss(self, examples: Sequence[Any], targets: Sequence[str]) -> torch.Tensor:
+    def given_payload(self, examples: Sequence[Any], outputs: Sequence[str], temperature: float) -> TokenPayload:
+        """``outputs[i]`` + EOS as the completion of ``examples[i]``'s prompt, scored at ``temperature``."""
+        if len(examples) != len(outputs):
+            raise ValueError(f"{len(examples)} examples for {len(outputs)} outputs")
         prompt_ids, prompt_mask = self._encode_prompts([prompt_text(ex) for ex in examples])
-        eos = self.tokenizer.eos_token
-        enc = self.tokenizer([t + eos for t in targets], padding=True, padding_side="right",
+        enc = self.tokenizer([o + self.tokenizer.eos_token for o in outputs], padding=True, padding_side="right",
                              return_tensors="pt", add_special_tokens=False)
-        payload = TokenPayload(prompt_ids, prompt_mask, enc["input_ids"], enc["attention_mask"],
-                               torch.ones(len(examples), dtype=torch.float32), self.pad_id)
+        return TokenPayload(prompt_ids.cpu(), prompt_mask.cpu(), enc["input_ids"], enc["attention_mask"],
+                            torch.full((len(examples),), temperature, dtype=torch.float32), self.pad_id)
+
+    def completion_log_distributions(self, examples: Sequence[Any], outputs: Sequence[str],
+                                     temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+        payload = self.given_payload(examples, outputs, temperature)
+        out, predicting = self.run_model(payload)
+        mask = payload.completion_mask.to(self.suppressed.device).float()
+        return tempered_log_softmax(out.logits[:, predicting], temperature, self.suppressed), mask
+
+    @torch.no_grad()
+    def completion_features(self, examples: Sequence[Any], outputs: Sequence[str]) -> torch.Tensor:
+        payload = self.given_payload(examples, outputs, 1.0)
+        out, _ = self.run_model(payload, hidden_states=True)
+        states = out.hidden_states[-1][:, payload.prompt_ids.shape[1]:].float()  # [n, T, D]: after each output token
+        mask = payload.completion_mask.to(states.device).float()[..., None]
+        return (states * mask).sum(1) / mask.sum(1).clamp(min=1)
+
+    def sft_loss(self, examples: Sequence[Any], targets: Sequence[str]) -> torch.Tensor:
+        payload = self.given_payload(examples, targets, 1.0)
         out = self.score(payload)
         mask = payload.completion_mask.float().to(out.logp.device)
         return -(out.logp * mask).sum() / mask.sum()

@@ -92,6 +92,15 @@ def token_logprobs(logits: Tensor, tokens: Tensor, temperature: float | Tensor, 
     return logp, entropy
 
 
+def tempered_log_softmax(logits: Tensor, temperature: float, suppressed: Tensor | None) -> Tensor:
+    """log softmax(logits / τ) over the vocabulary with ``suppressed`` ids at −inf ([..., V] → [..., V], float32):
+    the whole distribution :func:`token_logprobs` reads one entry of. τ = 0 counts as τ = 1."""
+    logits = logits.float() / (temperature if temperature > 0 else 1.0)
+    if suppressed is not None and suppressed.numel():
+        logits = logits.index_fill(-1, suppressed.to(logits.device), float("-inf"))
+    return F.log_softmax(logits, dim=-1)
+
+
 def positions_from_mask(attention_mask: Tensor) -> Tensor:
     """Position ids that skip left padding (as ``generate`` computes them)."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)

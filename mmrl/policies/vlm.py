@@ -42,7 +42,7 @@ from mmrl.core.contracts import (IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER, Policy, P
                                  answer_prefix_of, turns_of)
 from mmrl.policies.lora import BASE_FOLDER, add_lora, load_lora_weights
 from mmrl.policies.shared_prefix import can_share, prompt_positions, score_logits
-from mmrl.policies.tokens import positions_from_mask, token_logprobs
+from mmrl.policies.tokens import positions_from_mask, tempered_log_softmax, token_logprobs
 from mmrl.core.rollout import Rollout, SamplingParams
 from mmrl.samplers.tokens import CompletionSampler, Completions, TokenRules, VisionPrompts
 
@@ -561,6 +561,15 @@ class VLMPolicy(Policy):
         index = torch.arange(len(examples))
         return Rollout(logp=out.logp.cpu().float() * mask, mask=mask, group_id=index.clone(), example_index=index,
                        outputs=list(outputs), payload=payload, policy_version=self.version)
+
+    def completion_log_distributions(self, examples: Sequence[Any], outputs: Sequence[str],
+                                     temperature: float) -> tuple[Tensor, Tensor]:
+        payload = self.completion_payload(examples, [str(o) for o in outputs], temperature)
+        device = self.suppressed.device
+        completion_ids, completion_mask = payload.completion_ids.to(device), payload.completion_mask.to(device)
+        logits = self.plain_logits(payload.prompts.to(device).select(payload.prompt_of_row), completion_ids,
+                                   completion_mask)
+        return tempered_log_softmax(logits, temperature, self.suppressed), completion_mask.float()
 
     @property
     def vision_encoder(self) -> torch.nn.Module:

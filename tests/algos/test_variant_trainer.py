@@ -94,12 +94,34 @@ def test_a_variant_learns(tmp_path):
 @pytest.mark.parametrize("arm", ["w_reinforce", "nsr", "psr", "f_grpo", "ace", "rl_zvp", "divergence_weighted",
                                  "aero_beta", "aero", "psn", "visurf", "dph_rl", "mssr", "pacs", "frpo",
                                  "polychromic", "rw_sft", "weighted_grpo", "seele", "ampo", "eapo",
-                                 "fest"])
+                                 "fest", "ebft"])
 def test_every_variant_runs_through_the_trainer_from_a_recipe(tmp_path, arm):
     from mmrl.experiments.sweep import SWEEP_ARMS
 
     overrides = [*QUIET, "trainer.steps=2", "eval.every=0", "eval.num_examples=8", "warm_start.sft_steps=20",
                  *SWEEP_ARMS.get(arm).overrides]
+    train(load_config("sanity/tiny_cpu", overrides), tmp_path / "run")
+    rows = rows_of(tmp_path / "run")
+    for row in rows[1:]:
+        assert row["train/skipped_updates"] == 0 and row["policy/version"] > 0
+        assert all(v is None or v == v for v in row.values())  # no NaN metric
+
+
+# ssb / cipo write texts after the prompt: on the sanity task they must be digits and ">"; direct_opd needs a teacher
+VOCABULARY_TEXTS = {"ssb": ["algo.extra.ssb={hint_template: '{correct}>{incorrect}>'}"],
+                    "cipo": ["algo.extra.cipo={instruction: '>'}"]}
+
+
+@pytest.mark.parametrize("arm", ["ssb", "cipo", "direct_opd"])
+def test_distillation_arms_run_through_the_trainer(tmp_path, arm):
+    from mmrl.experiments.sweep import SWEEP_ARMS
+
+    overrides = [*QUIET, "trainer.steps=2", "eval.every=0", "eval.num_examples=8", "warm_start.sft_steps=20",
+                 *SWEEP_ARMS.get(arm).overrides, *VOCABULARY_TEXTS.get(arm, [])]
+    if arm == "direct_opd":  # a teacher: another short run of the same recipe
+        train(load_config("sanity/tiny_cpu", [*QUIET, "trainer.steps=2", "eval.every=0", "eval.num_examples=8",
+                                              "warm_start.sft_steps=20"]), tmp_path / "teacher")
+        overrides.append(f"algo.extra.direct_opd={{teacher: {tmp_path / 'teacher/checkpoints/step_2/policy'}}}")
     train(load_config("sanity/tiny_cpu", overrides), tmp_path / "run")
     rows = rows_of(tmp_path / "run")
     for row in rows[1:]:

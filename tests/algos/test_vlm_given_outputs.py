@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
+
 from mmrl.core.config import load_config
 from mmrl.core.trainer import Trainer
 
@@ -28,3 +30,26 @@ def test_reference_rows_join_each_group_on_the_vlm(tmp_path):
     trainer.train()
     last = [line for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()][-1]
     assert '"loss/calibrl"' in last and math.isfinite(json.loads(last)["loss/total"])
+
+
+def test_vlm_distributions_ssb_cipo_and_ebft_features_run_on_the_vlm(tmp_path):
+    """SSB's whole next-token distributions agree with the VLM's token log-probs; CIPO's correction groups and
+    EBFT's model-free features run through the VLM trainer."""
+    import torch
+
+    from mmrl.core.rollout import SamplingParams
+
+    cfg = load_config("vlm_sanity/tiny_cpu", [*SMALL, "algo.cipo=true", "algo.ebft=true",
+                                              "algo.extra.ebft={features: char_ngram}"])
+    trainer = Trainer(cfg, tmp_path / "run")
+    examples = trainer.task.sample_batch("train", 2, np.random.default_rng(0))
+    outputs = [trainer.task.reference_output(e) for e in examples]
+    policy = trainer.policy
+    logp_all, mask = policy.completion_log_distributions(examples, outputs, 1.0)
+    rows = policy.rollout_from_outputs(examples, outputs, SamplingParams(1.0))
+    picked = logp_all.gather(-1, rows.payload.completion_ids[..., None]).squeeze(-1)
+    assert torch.equal(mask, rows.mask)
+    assert torch.allclose(torch.where(mask > 0, picked, torch.zeros_like(picked)), rows.logp, atol=1e-5)
+    trainer.train()
+    last = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["rollout/cipo_prompts"] > 0 and math.isfinite(last["loss/total"]) and "rollout/ebft_reward" in last

@@ -1,17 +1,18 @@
 """The seed papers' GRPO variants, registered on the core's axes (docs/algorithms.md, "Paper variants").
 
 Importing this package registers them: estimators ``psr``, ``nsr``, ``w_reinforce``,
-``noisy_backward``, ``noisy_forward``, ``beta_posterior``, ``polychromic``, ``weighted_grpo``; the policy
+``noisy_backward``, ``noisy_forward``, ``beta_posterior``, ``polychromic``, ``weighted_grpo``, ``direct_opd``; the policy
 loss ``rw_sft``; shaping hooks ``f_grpo``, ``ace``,
 ``rl_zvp``, ``divergence_weighted``, ``entropy_bonus``; rollout strategies ``plain``, ``aero``
 (``ROLLOUT_STRATEGIES``); DPH-RL rehearsal divergences ``forward_kl``, ``js``, ``alpha``
 (``REHEARSAL_DIVERGENCES``); extra loss terms ``calibrl``, ``pacs``, ``frpo`` (``LOSS_TERMS``); temperature schedules
-``fixed``, ``erpo`` (``TEMPERATURE_SCHEDULES``). Hyper-parameters: ``algo.extra.<name>`` (typed
+``fixed``, ``erpo`` (``TEMPERATURE_SCHEDULES``); rollout hooks ``teacher_shift`` (Direct-OPD), ``cipo``, ``ebft``
+and the loss hook ``ssb`` (``mmrl.algos.hooks``). Hyper-parameters: ``algo.extra.<name>`` (typed
 dataclasses in each module); trainer needs: :func:`~mmrl.algos.variants.params.algo_needs`.
 """
 
 from mmrl.algos.variants import group_estimators, hooks, objectives, outcome, selection, shaping  # noqa: F401  (registration)
-from mmrl.algos.variants import guidance  # noqa: F401  (registration: after hooks, so its hooks come last)
+from mmrl.algos.variants import corrections, distillation, feature_matching, guidance  # noqa: F401  (registration: after hooks, so their hooks come last)
 from mmrl.algos.variants.adaptive_sampling import ROLLOUT_STRATEGIES, RolloutStrategy
 from mmrl.algos.variants.divergences import REHEARSAL_DIVERGENCES
 from mmrl.algos.variants.history import PromptHistory, prompt_key

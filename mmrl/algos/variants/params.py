@@ -20,6 +20,8 @@ A variant may also need information the trainer only computes on request (``need
   (Polychromic PPO's set diversity);
 - ``"whole_groups"``: every micro-batch holds whole groups (``trainer.micro_batch_size`` a multiple of
   ``rollout.group_size``), for loss terms that compare a row with its whole group (PACS, FRPO).
+- ``"teacher_shift"``: a teacher checkpoint pair's per-token log-ratio on the rows,
+  ``AdvantageInputs.implicit_rewards`` (Direct-OPD; computed by the ``teacher_shift`` rollout hook).
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ from typing import Any
 
 from mmrl.algos.config import AlgoConfig
 
-NEEDS_KINDS = frozenset({"entropy", "prompt_history", "ref_logp", "expert_rows", "output_classes", "whole_groups"})
+NEEDS_KINDS = frozenset({"entropy", "prompt_history", "ref_logp", "expert_rows", "output_classes", "whole_groups",
+                         "teacher_shift"})
 
 
 Needs = tuple[str, ...] | Callable[[Any], tuple[str, ...]]
