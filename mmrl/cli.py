@@ -438,7 +438,7 @@ def exit_process(code: int) -> NoReturn:
 
     One of several processes started by ``accelerate launch`` / ``torchrun`` (``WORLD_SIZE`` > 1) ends with
     ``os._exit`` once its output is flushed, without the interpreter's teardown. The reason (torch 2.14, gloo;
-    seen in CI and reproduced here about one launch in five on two loaded CPU cores): gloo's worker threads
+    seen in CI and reproduced in about one launch in six on two loaded CPU cores): gloo's worker threads
     outlive ``destroy_process_group`` while the model still references the group, and a worker that frees its
     last finished collective (whose tensors have Python objects) while the interpreter is finalising must take
     the GIL, which at that point ends the thread: the process aborts with "terminate called without an active
