@@ -523,6 +523,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         if getattr(a, flag) and row_inputs:
             problems.append(f"algo.{flag} chooses and adds a step's rows after the per-row inputs "
                             f"{sorted(row_inputs)} of the selected estimator were attached: use one of them")
+        if getattr(a, flag) and a.temperature_schedule != "fixed":
+            problems.append(f"algo.{flag} stores rows with their log-probs at rollout.temperature: a per-prompt "
+                            f"temperature schedule ({a.temperature_schedule}) would give them the wrong π_old")
     if a.rorecomp and a.rollout_bandit:
         problems.append("algo.rorecomp and algo.rollout_bandit both choose the rows a step trains: use one of them")
     if a.tis_cap is not None and not cfg.trainer.recompute_logp_old:

@@ -12,11 +12,11 @@ import torch
 from torch.testing import assert_close
 
 from mmrl.algos.variants.hooks import training_sampling
-from mmrl.algos.variants.rollout_selection import (bandit_update, normalised_gain, priority_rows, rollout_features,
-                                                   top_rows_per_group, ucb_scores)
+from mmrl.algos.variants.rollout_selection import (bandit_update, normalised_gain, priority_rows, replayable,
+                                                   rollout_features, top_rows_per_group, ucb_scores)
 from mmrl.core.config import ConfigError
-from mmrl.tasks.sanity import ReverseExample
 from mmrl.core.trainer import Trainer
+from mmrl.tasks.sanity import ReverseExample
 
 SMALL = ["warm_start.sft_steps=15", "rollout.prompts_per_step=4", "rollout.group_size=4", "trainer.minibatches=1",
          "eval.every=0", "eval.num_examples=8"]
@@ -77,6 +77,11 @@ def test_rorecomp_trains_the_priority_batch_and_replays_the_rest_later(sanity_co
     assert_close(second.rollout.logp[replayed[1], :4], torch.tensor(stored.logp[1]))
     assert hook.metrics()["rollout/rorecomp_compensation_rows"] == 2
     assert len(hook.buffer) == 1 and hook.buffer[0].step == 2  # the replayed group left, the new one entered
+
+
+def test_replayed_groups_fill_whole_minibatches():
+    assert [replayable(n, 2) for n in (0, 1, 2, 3, 4)] == [0, 0, 2, 2, 4]
+    assert replayable(3, 1) == 3
 
 
 def metric_rows(out):
@@ -172,6 +177,7 @@ def test_a_bandit_run_resumes_exactly(sanity_config, tmp_path):
     (["algo.rorecomp=true", "trainer.recompute_logp_old=true"], "compensation rows with their stored"),
     (["algo.rorecomp=true", "algo.rollout_bandit=true"], "both choose the rows"),
     (["algo.rollout_bandit=true", "algo.advantage=polychromic"], "per-row inputs"),
+    (["algo.rorecomp=true", "algo.temperature_schedule=erpo"], "wrong π_old"),
 ])
 def test_conflicting_recipes_are_refused(sanity_config, overrides, message):
     with pytest.raises(ConfigError, match=message):

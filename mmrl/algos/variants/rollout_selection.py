@@ -41,6 +41,12 @@ def group_rows(example_index: Tensor) -> dict[int, list[int]]:
     return rows
 
 
+def replayable(count: int, minibatches: int) -> int:
+    """How many of ``count`` available groups to replay: a multiple of ``trainer.minibatches``, as the step's
+    new groups are, so that every minibatch holds as many groups and none is left out of the update."""
+    return count // minibatches * minibatches
+
+
 def keep_rows(batch: Scored, keep: Tensor) -> Scored:
     """``batch`` restricted to the rows ``keep`` ([N] bool); every example keeps at least one row."""
     return batch if bool(keep.all()) else batch.select(keep)
@@ -131,8 +137,9 @@ class RoRecomp(RolloutHook):
                      if has_both_classes([float(batch.outcome[i]) for i in rows], p.success_threshold)]
         sampling = training_sampling(cfg)
         compensation = None
-        if self.steps % p.compensation_every == 0 and self.buffer and p.compensation_groups:
-            taken, self.buffer = self.buffer[:p.compensation_groups], self.buffer[p.compensation_groups:]
+        count = replayable(min(p.compensation_groups, len(self.buffer)), cfg.trainer.minibatches)
+        if self.steps % p.compensation_every == 0 and count:
+            taken, self.buffer = self.buffer[:count], self.buffer[count:]
             compensation = replay_groups(self.ctx.policy, self.ctx.score, taken, sampling)
         stored = store_groups(self.ctx.policy, [batch.examples[g] for g, _ in leftovers],
                               [[rollout.outputs[i] for i in rows] for _, rows in leftovers], sampling, self.steps)
@@ -327,13 +334,14 @@ class RolloutBandit(RolloutHook):
         return features
 
     def pick_stored(self) -> list[StoredArm]:
-        """The ``replay_groups`` stored groups with the highest mean UCB score (ties: older first); they leave
-        the buffer."""
-        if not self.buffer or not self.params.replay_groups:
+        """The ``replay_groups`` stored groups (a multiple of ``trainer.minibatches``) with the highest mean UCB
+        score (ties: older first); they leave the buffer."""
+        count = replayable(min(self.params.replay_groups, len(self.buffer)), self.ctx.cfg.trainer.minibatches)
+        if not count:
             return []
         scores = [float(ucb_scores(self.aged(arm), self.a_matrix, self.b_vector, self.params.alpha).mean())
                   for arm in self.buffer]
-        order = sorted(range(len(self.buffer)), key=lambda i: -scores[i])[:self.params.replay_groups]
+        order = sorted(range(len(self.buffer)), key=lambda i: -scores[i])[:count]
         picked = [self.buffer[i] for i in sorted(order)]
         self.buffer = [arm for i, arm in enumerate(self.buffer) if i not in set(order)]
         return picked
