@@ -116,11 +116,20 @@ class AlgoConfig:
     """TFPI's ThinkFree input (seed #86): every training sample starts with this text already written (e.g.
     ``"<think></think>"``: no thinking), given as context; the task scores prefix + continuation. Evaluation
     samples without it. None: off (mmrl/algos/variants/hooks.py ``AnswerPrefix``)."""
+    rorecomp: bool = False
+    """RoRecomp (seed #71): each step trains a priority batch of every group's shortest correct and longest
+    incorrect rows, and now and then a compensation batch of earlier remaining rows from a replay buffer
+    (``extra.rorecomp``; mmrl/algos/variants/rollout_selection.py ``RoRecomp``)."""
+    rollout_bandit: bool = False
+    """The contextual-bandit rollout scheduler (seed #111): a linear UCB model over rollout contexts chooses the
+    rows of each group to train and the earlier groups to train again, rewarded by the gain in training reward
+    between consecutive steps (``extra.rollout_bandit``; mmrl/algos/variants/rollout_selection.py)."""
     prompt_selection: str = "uniform"
     """Which prompts a round draws (mmrl/algos/variants/selection.py): uniform (the task's draw) | hard_focus
     (seed #45: highest posterior failure rate; ``extra.hard_focus``) | pos_neg_pairing (seed #65: half hard-but-solvable,
     half easy-but-brittle prompts; ``extra.pos_neg_pairing``) | low_likelihood (SELF, seed #102: lowest
-    policy likelihood of the reference answer; ``extra.low_likelihood``)."""
+    policy likelihood of the reference answer; ``extra.low_likelihood``) | erpo_reactivate (ERPO's "reactivate",
+    seed #113: prompts whose last group was all-correct are drawn again; ``extra.erpo_reactivate``)."""
     dyme: bool = False
     """DyME (seed #33): each step, groups whose rollouts all failed are trained by SFT on the task's reference
     output instead of RL (memorisation vs exploration; ``extra.dyme``; mmrl/algos/variants/hooks.py ``Dyme``)."""

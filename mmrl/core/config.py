@@ -512,10 +512,22 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     if a.guide and cfg.trainer.recompute_logp_old:
         problems.append("algo.guide trains hinted rows with π_old(y | x, hint) as π_old: trainer.recompute_logp_old "
                         "would replace it with π_old(y | x) and undo the correction")
-    for flag, what in (("ampo", "teacher rows with π_old = 1"), ("eapo", "replayed rows with their stored π_old")):
+    for flag, what in (("ampo", "teacher rows with π_old = 1"), ("eapo", "replayed rows with their stored π_old"),
+                       ("rorecomp", "compensation rows with their stored π_old"),
+                       ("rollout_bandit", "reused historical rows with their stored π_old")):
         if getattr(a, flag) and cfg.trainer.recompute_logp_old:
             problems.append(f"algo.{flag} trains {what}: trainer.recompute_logp_old would replace it with the "
                             f"current policy's and undo the correction")
+    row_inputs = algo_needs(a) & {"prompt_history", "output_classes", "teacher_shift"}
+    for flag in ("rorecomp", "rollout_bandit"):
+        if getattr(a, flag) and row_inputs:
+            problems.append(f"algo.{flag} chooses and adds a step's rows after the per-row inputs "
+                            f"{sorted(row_inputs)} of the selected estimator were attached: use one of them")
+        if getattr(a, flag) and a.temperature_schedule != "fixed":
+            problems.append(f"algo.{flag} stores rows with their log-probs at rollout.temperature: a per-prompt "
+                            f"temperature schedule ({a.temperature_schedule}) would give them the wrong π_old")
+    if a.rorecomp and a.rollout_bandit:
+        problems.append("algo.rorecomp and algo.rollout_bandit both choose the rows a step trains: use one of them")
     if a.tis_cap is not None and not cfg.trainer.recompute_logp_old:
         problems.append("algo.tis_cap needs trainer.recompute_logp_old: true (else π_old is the behaviour policy)")
     if a.dynamic_sampling and cfg.rollout.group_size < 2:

@@ -29,6 +29,7 @@ LOCK_FILE = ".mmrl-run.lock"
 TRAIN_ENTRIES = ("config.yaml", "metrics.jsonl", "metrics.discarded.jsonl", "samples.jsonl", "samples.discarded.jsonl",
                  "checkpoints", "tb", "wandb", "curves.png", "plans.gif",  # plans.gif: scripts/train_driving.py
                  "kept",  # rollout.keep_successes
+                 "hook_state",  # rollout hooks whose checkpointed state holds examples (mmrl/algos/variants/replay.py)
                  "stages", "program.json")  # multi-stage recipes (mmrl.core.program)
 
 

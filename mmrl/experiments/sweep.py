@@ -99,6 +99,20 @@ SWEEP_ARMS.register("fest", SweepArm(("algo.fest=true",),
 SWEEP_ARMS.register("erpo", SweepArm(("algo.temperature_schedule=erpo",),
                                      "ERPO, arXiv 2511.04800 (all-correct prompts re-sampled +0.1 hotter, ≤ 1.5, "
                                      "reset once mixed; schedule INFERRED)"))
+SWEEP_ARMS.register("erpo_reactivate", SweepArm(("algo.prompt_selection=erpo_reactivate",),
+                                                "ERPO's reactivation alone (seed #113): all-correct prompts tracked "
+                                                "and drawn again, ≤ 25% of a round (form INFERRED)"))
+SWEEP_ARMS.register("erpo_full", SweepArm(("algo.temperature_schedule=erpo", "algo.prompt_selection=erpo_reactivate"),
+                                          "ERPO, arXiv 2511.04800: residual prompts drawn again, each at its raised "
+                                          "temperature (schedule and reactivation INFERRED)"))
+SWEEP_ARMS.register("rorecomp", SweepArm(("algo.rorecomp=true",),
+                                         "RoRecomp (seed #71): priority batch of the shortest correct / longest "
+                                         "incorrect half of each group, compensation batch of the rest every 2 steps "
+                                         "(shares and schedule INFERRED)"))
+SWEEP_ARMS.register("rollout_bandit", SweepArm(("algo.rollout_bandit=true",),
+                                               "contextual-bandit rollout scheduler (seed #111): LinUCB keeps 6 of 8 "
+                                               "rows per group and reuses 2 earlier groups, rewarded by the step-to-step "
+                                               "reward gain (linear model INFERRED)"))
 SWEEP_ARMS.register("calibrl", SweepArm(("algo.loss_terms=[calibrl]", "algo.norm_adv_by_std=false",
                                          "algo.dual_clip_c=3.0"),
                                         "CalibRL, arXiv 2602.20197 (Dr.GRPO, dual clip 3, + 0.1 × LeakyReLU "

@@ -15,7 +15,8 @@ failures and revive its signal. The exact schedule was NOT FOUND; INFERRED (seed
     all-correct:  T_x ← min(T_max, T_x + ΔT)
     otherwise:    T_x ← T_0 + decay · (T_x − T_0)        (decay 0: reset to T_0)
 
-The paper's "Reactivate Training Signal" companion is not implemented.
+The paper's "Reactivate Training Signal" companion is the prompt selector ``erpo_reactivate``
+(mmrl/algos/variants/selection.py): residual prompts tracked and drawn again in later rounds.
 """
 
 from __future__ import annotations

@@ -11,6 +11,9 @@ candidates from the task (the same on every process) and the hook's ``select_pro
 - ``low_likelihood`` (SELF, seed #102: RLVR's winner-take-all reinforces high-likelihood problems, so
   focus on low-likelihood ones): the candidates whose reference answer has the lowest mean log-probability
   under the current policy.
+- ``erpo_reactivate`` (ERPO's "reactivate training signal", seed #113): prompts whose last group was all-correct
+  (residual prompts, no GRPO signal) are tracked and drawn again in later rounds, up to a share of each round,
+  so that they can revive their signal (with ``algo.temperature_schedule: erpo`` they are drawn hotter).
 """
 
 from __future__ import annotations
@@ -25,7 +28,10 @@ import torch
 from mmrl.algos.hooks import ROLLOUT_HOOKS, HookContext, HookSpec, RolloutHook
 from mmrl.algos.variants.history import PromptHistory, prompt_key
 from mmrl.algos.variants.params import declare_variant, variant_params
+from mmrl.algos.variants.prompt_temperature import all_correct_groups
+from mmrl.algos.variants.replay import HOOK_STATE_DIR, load_state_file, save_state_file
 from mmrl.core.registry import Registry
+from mmrl.core.typed import ConfigError
 from mmrl.core.rollout import SamplingParams
 from mmrl.core.scored import Scored
 
@@ -145,6 +151,133 @@ class LowLikelihood(RolloutHook):
         return {"rollout/selected_reference_logp": self.mean_logp}
 
 
+@dataclass(frozen=True)
+class ReactivateParams:
+    share: float = 0.25
+    """At most this share of a round's prompts are residual prompts drawn again (INFERRED)."""
+    max_reactivations: int = 4
+    """A residual prompt still all-correct after this many re-draws leaves the tracker: solved for good
+    (INFERRED)."""
+    max_prompts: int = 1024
+    """Residual prompts tracked at most; the oldest leave first."""
+    success_threshold: float = 1.0
+    """A row is correct when its outcome is ≥ this (1.0: fully correct), as ``extra.erpo``'s."""
+
+
+declare_variant("erpo_reactivate", ReactivateParams)
+
+
+def reactivation_count(queue_size: int, n: int, share: float) -> int:
+    """How many of a round's n prompts are residual prompts drawn again: min(queue, ⌊share · n⌋)."""
+    return min(queue_size, int(share * n))
+
+
+class ResidualTracker:
+    """ERPO's history tracker of residual prompts: key → (example, re-draws so far), least recently drawn first."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.entries: dict[str, tuple[Any, int]] = {}
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def take(self, m: int) -> list[Any]:
+        """The m least recently drawn residual prompts; each moves to the back with one more re-draw."""
+        keys = list(self.entries)[:m]
+        taken = []
+        for key in keys:
+            example, count = self.entries.pop(key)
+            self.entries[key] = (example, count + 1)
+            taken.append(example)
+        return taken
+
+    def observe(self, key: str, example: Any, all_correct: bool, max_reactivations: int) -> str:
+        """A group of the prompt was just trained: an all-correct one enters (or stays, until it was re-drawn
+        ``max_reactivations`` times); a mixed or failed one leaves. Returns what happened: "entered", "kept",
+        "retired", "revived" (a tracked prompt's group is no longer all-correct) or "none"."""
+        if key in self.entries:
+            if not all_correct:
+                del self.entries[key]
+                return "revived"
+            if self.entries[key][1] >= max_reactivations:
+                del self.entries[key]
+                return "retired"
+            return "kept"
+        if not all_correct:
+            return "none"
+        self.entries[key] = (example, 0)
+        while len(self.entries) > self.capacity:
+            del self.entries[next(iter(self.entries))]
+        return "entered"
+
+
+class ErpoReactivate(RolloutHook):
+    """ERPO's "Reactivate Training Signal" (seed #113, arXiv 2511.04800). A history tracker keeps every training
+    prompt whose last group was all-correct (every row ≥ ``success_threshold``): a *residual* prompt, which GRPO
+    gives no signal. Each round, the trainer draws ``prompts_per_step`` candidates and this selector replaces
+    m = min(tracked, ⌊``share`` · n⌋) of them by the least recently drawn residual prompts, so residual prompts
+    are trained again instead of being left behind. A reactivated prompt whose group is now mixed has its signal
+    back and leaves the tracker; one still all-correct after ``max_reactivations`` re-draws is retired. With
+    ``algo.temperature_schedule: erpo`` (the sweep arm ``erpo_full``) each residual prompt is drawn at its raised
+    temperature, ERPO's exploration, which is what makes a re-draw likely to fail somewhere. The tracker (the
+    examples themselves) is gathered over processes and checkpointed (pickled under
+    ``<run>/hook_state/erpo_reactivate``).
+
+    INFERRED (the abstract and the paper's summaries name the component, not its form): re-drawing tracked
+    prompts into later rounds, the share per round, the least-recently-drawn order, the retirement rule."""
+
+    candidates_per_prompt = 1
+
+    def __init__(self, ctx: HookContext):
+        self.ctx, self.params = ctx, variant_params(ctx.cfg.algo, "erpo_reactivate")
+        p = self.params
+        if not 0 <= p.share <= 1 or p.max_reactivations < 1 or p.max_prompts < 1:
+            raise ConfigError(f"algo.extra.erpo_reactivate: need 0 <= share <= 1, max_reactivations >= 1 and "
+                              f"max_prompts >= 1; got {p}")
+        if ctx.out is None:
+            raise ValueError("algo.prompt_selection: erpo_reactivate keeps its tracker in the run folder: it needs one")
+        self.folder = ctx.out / HOOK_STATE_DIR / "erpo_reactivate"
+        self.tracker = ResidualTracker(p.max_prompts)
+        self.steps = 0
+        self.counts: dict[str, int] = {}
+
+    def select_prompts(self, candidates: Sequence[Any], n: int) -> list[Any]:
+        residual = self.tracker.take(reactivation_count(len(self.tracker), n, self.params.share))
+        keys = {prompt_key(e) for e in residual}
+        fresh = [c for c in candidates if prompt_key(c) not in keys]
+        self.counts["reactivated"] = self.counts.get("reactivated", 0) + len(residual)
+        return residual + fresh[:n - len(residual)]
+
+    def finish(self, batch: Scored) -> Scored:
+        self.steps += 1
+        p = self.params
+        correct = all_correct_groups(batch.outcome, batch.rollout.example_index, len(batch.examples),
+                                     p.success_threshold).tolist()
+        keys, examples, correct = self.ctx.engine.gather_objects([prompt_key(e) for e in batch.examples],
+                                                                 list(batch.examples), correct)
+        for key, example, flag in zip(keys, examples, correct):
+            what = self.tracker.observe(key, example, flag, p.max_reactivations)
+            self.counts[what] = self.counts.get(what, 0) + 1
+        return batch
+
+    def metrics(self) -> dict[str, float]:
+        out = {"rollout/residual_prompts": float(len(self.tracker)),
+               "rollout/reactivated_prompts": float(self.counts.get("reactivated", 0)),
+               "rollout/reactivated_revived": float(self.counts.get("revived", 0))}
+        self.counts = {}
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return save_state_file(self.folder, self.steps, self.ctx.engine.rank,
+                               {"steps": self.steps, "entries": self.tracker.entries}, self.ctx.cfg.checkpoint.keep_last)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        saved = load_state_file(self.folder, state, self.ctx.engine.rank, "algo.prompt_selection: erpo_reactivate")
+        self.steps, self.tracker.entries = saved["steps"], saved["entries"]
+
+
+PROMPT_SELECTORS.register("erpo_reactivate", ErpoReactivate)
 PROMPT_SELECTORS.register("hard_focus", HardFocus)
 PROMPT_SELECTORS.register("low_likelihood", LowLikelihood)
 PROMPT_SELECTORS.register("pos_neg_pairing", PosNegPairing)
