@@ -1,10 +1,9 @@
 """A vision-language-action policy on a Qwen-VL backbone (``policy: vla_vlm``), the way OpenVLA builds on a VLM.
 
     frame [H,W,3] ─┐
-    instruction ───┼─ chat prompt ─ Qwen-VL (the ``vlm`` policy's model, processor, LoRA) ─┬─ h: last hidden state
-    proprio (text) ┘                                                                      │  before the actions
-                                                                                          ├─ value head ─ V(s)
-                                                                                          └─ chunk·A action tokens
+    instruction ───┼─ chat prompt ─ Qwen-VL (the vlm policy's) ─┬─ h: last hidden state before the actions
+    proprio (text) ┘                                            ├─ value head ─ V(s)
+                                                                └─ chunk·A action tokens
 
 Prompt (OpenVLA's, Kim et al. 2024, §3.2, in the backbone's chat template): one user turn
 ``<image>What action should the robot take to {instruction}?`` followed, when ``proprio_in_prompt``,
@@ -420,4 +419,6 @@ class VLAVLMPolicy(Policy):
 
 def _with_positions(model: nn.Module, prompts: VisionPrompts) -> VisionPrompts:
     """``prompts`` with their (m)RoPE positions computed (once per prompt)."""
-    return prompts if prompts.position_ids is not None else replace(prompts, position_ids=prompt_positions(model, prompts))
+    if prompts.position_ids is not None:
+        return prompts
+    return replace(prompts, position_ids=prompt_positions(model, prompts))

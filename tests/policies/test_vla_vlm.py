@@ -148,7 +148,8 @@ def test_lora_reference_and_save_load_round_trip(rollout, tmp_path):
     with lora.adapter_disabled():
         assert torch.allclose(lora(rollout).logp, base, atol=1e-6)  # the KL reference: adapters off
     lora.save_pretrained(str(tmp_path / "lora"))
-    assert (tmp_path / "lora" / "adapter_config.json").is_file() and (tmp_path / "lora" / "value_head.safetensors").is_file()
+    for name in ("adapter_config.json", "value_head.safetensors", "vla_vlm.json"):
+        assert (tmp_path / "lora" / name).is_file(), name
     fresh = vla_vlm(chunk=2, backbone={"lora_rank": 4})  # the same base, untrained adapters and value head
     assert not torch.allclose(fresh(rollout).values, trained.values)
     fresh.load_weights(str(tmp_path / "lora"))
