@@ -158,9 +158,11 @@ def test_autonpo_chooses_the_checkpoint_with_the_largest_signal(tmp_path, guide_
     assert hook.intervenes()
 
 
-def test_npo_refuses_a_missing_guide(tmp_path):
+def test_npo_refuses_a_missing_guide_and_recomputed_pi_old(tmp_path):
     with pytest.raises(ConfigError, match="guide_run"):
         text_trainer(tmp_path, "algo.npo=true", f"algo.extra.npo={{guide_run: {tmp_path / 'nowhere'}}}")
+    with pytest.raises(ConfigError, match="algo.npo trains guide checkpoint rows"):
+        load_config(RECIPE, ["algo.npo=true", "trainer.recompute_logp_old=true"])
 
 
 def test_autonpo_state_resumes_exactly(tmp_path, guide_run):
