@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -411,6 +412,10 @@ class ScopeRl(RolloutHook):
 
     def __init__(self, ctx: HookContext):
         self.ctx, self.params = ctx, variant_params(ctx.cfg.algo, "scope_rl")
+        probe = ctx.task.sample_batch("train", 1, np.random.default_rng(0))[0]
+        if not isinstance(ctx.task.reference_output(probe), str):
+            raise ConfigError(f"algo.scope_rl checks prefixes of text reference answers; {ctx.cfg.task.name}'s "
+                              f"reference_output is not text")
         self.solved: set[str] = set()
         self.scaffolded = self.shaped = 0
 
@@ -421,8 +426,7 @@ class ScopeRl(RolloutHook):
         rewards = part.rewards.clone()
         for i, group in enumerate(part.rollout.example_index.tolist()):
             output, reference = part.rollout.outputs[i], references[group]
-            if not isinstance(output, str) or not isinstance(reference, str):
-                raise ValueError("algo.scope_rl needs text outputs and text reference answers")
+            output = output if isinstance(output, str) else ""  # a non-text output earns no credit
             outcome, solved = float(part.outcome[i]), keys[group] in self.solved
             shaped = scope_reward(outcome, prefix_credit(output, reference), process_shape(output, reference),
                                   solved, p.success_threshold, p.credit_coef, p.shape_coef)
