@@ -133,6 +133,15 @@ class AlgoConfig:
     dyme: bool = False
     """DyME (seed #33): each step, groups whose rollouts all failed are trained by SFT on the task's reference
     output instead of RL (memorisation vs exploration; ``extra.dyme``; mmrl/algos/variants/hooks.py ``Dyme``)."""
+    recap: bool = False
+    """RECAP (seed #49): replay of the warm start's data beside RL, the replay term reweighted each step from both
+    objectives' short-horizon convergence and instability (``extra.recap``; mmrl/algos/variants/programs.py)."""
+    npo: bool = False
+    """NPO / AutoNPO (seed #87): rows of a later checkpoint of the same run (an earlier stage of the program)
+    replace some of each group's samples, trained with π_old = π_guide (``extra.npo``; programs.py ``Npo``)."""
+    scope_rl: bool = False
+    """SCOPE-RL (seed #70): prefix-decomposed credit for failed rows until a prompt is first solved, then
+    correctness-gated process-shape rewards (``extra.scope_rl``; mmrl/algos/variants/programs.py ``ScopeRl``)."""
     feedback_turns: int = 0
     """Multi-turn feedback-guided RL (seed #28): a row that fails gets the task's feedback
     (``task.feedback``) as a user turn and is answered again, up to this many extra turns; the new answers

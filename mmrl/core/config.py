@@ -514,7 +514,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
                         "would replace it with π_old(y | x) and undo the correction")
     for flag, what in (("ampo", "teacher rows with π_old = 1"), ("eapo", "replayed rows with their stored π_old"),
                        ("rorecomp", "compensation rows with their stored π_old"),
-                       ("rollout_bandit", "reused historical rows with their stored π_old")):
+                       ("rollout_bandit", "reused historical rows with their stored π_old"),
+                       ("npo", "guide checkpoint rows with π_old = π_guide")):
         if getattr(a, flag) and cfg.trainer.recompute_logp_old:
             problems.append(f"algo.{flag} trains {what}: trainer.recompute_logp_old would replace it with the "
                             f"current policy's and undo the correction")

@@ -96,6 +96,14 @@ SWEEP_ARMS.register("eapo", SweepArm(("algo.eapo=true", "algo.extra.eapo={fail_t
 SWEEP_ARMS.register("fest", SweepArm(("algo.fest=true",),
                                      "FEST (seed #46): SFT on 128 fixed demonstrations, weight 0.95^(step−1) "
                                      "(decay INFERRED)"))
+# Issue 25's per-step programs (NPO needs a guide run, so it is a program recipe, not an arm).
+SWEEP_ARMS.register("recap", SweepArm(("algo.recap=true",),
+                                      "RECAP (seed #49): replay of the warm start's data, its weight set each step "
+                                      "from both objectives' convergence and instability (signals' form INFERRED)"))
+SWEEP_ARMS.register("scope_rl", SweepArm(("algo.scope_rl=true",),
+                                         "SCOPE-RL (seed #70): prefix credit of the reference's sub-answers before a "
+                                         "prompt's first success, correctness-gated process shape after (INFERRED "
+                                         "chain: the reference's lines or characters)"))
 SWEEP_ARMS.register("erpo", SweepArm(("algo.temperature_schedule=erpo",),
                                      "ERPO, arXiv 2511.04800 (all-correct prompts re-sampled +0.1 hotter, ≤ 1.5, "
                                      "reset once mixed; schedule INFERRED)"))

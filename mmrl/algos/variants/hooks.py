@@ -17,7 +17,8 @@ Rollout hooks — ``draw`` wrappers nest first-outermost, ``refine`` runs in thi
 - ``prompt_history`` (MSSR / AERO's Beta posterior): per-prompt outcome counts for the estimator;
 - ``output_classes`` (Polychromic PPO): which rows of a group decoded to the same output;
 - then those of ``mmrl/algos/variants/guidance.py``: ``seele`` (hinted rounds), ``ampo`` (teacher rows),
-  ``eapo`` (replayed successes).
+  ``eapo`` (replayed successes); then those of ``mmrl/algos/variants/programs.py``: ``npo`` (a later
+  checkpoint's rows), ``scope_rl`` (prefix credit / process shape).
 
 Loss hooks, in the order their terms are added:
 
@@ -26,6 +27,8 @@ Loss hooks, in the order their terms are added:
 - ``dyme`` (DyME): SFT on the reference for groups whose rollouts all failed (``algo.dyme``);
 - ``rehearsal`` (DPH-RL): an f-divergence to π_0 on its own always-solved samples (``algo.rehearsal_divergence``);
 - then ``fest`` (FEST, ``mmrl/algos/variants/guidance.py``): decaying SFT on a fixed few-shot set (``algo.fest``).
+- then ``recap`` (RECAP, ``mmrl/algos/variants/programs.py``): replay of the warm start's data, reweighted each step
+  (``algo.recap``).
 """
 
 from __future__ import annotations
