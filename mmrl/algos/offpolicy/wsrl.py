@@ -43,7 +43,7 @@ import torch
 from mmrl.algos.hooks import HookContext, LossHook, UpdateIndex
 from mmrl.algos.offpolicy.buffer import TransitionBuffer
 from mmrl.algos.offpolicy.episodes import (Episode, RecordedDemonstration, episode_from_demonstration,
-                                           episodes_from_rollout, read_episodes)
+                                           episodes_from_rollout, executed_by, read_episodes)
 from mmrl.algos.offpolicy.learner import ActorCritic, CriticSettings
 from mmrl.algos.variants.params import declare_variant, variant_params
 from mmrl.core.rollout import derive_seed
@@ -198,7 +198,7 @@ class WSRL(LossHook):
     def prepare(self, batch: Scored) -> None:
         """Store the step's episodes in the online buffer."""
         self.steps += 1
-        for episode in episodes_from_rollout(batch.rollout):
+        for episode in episodes_from_rollout(batch.rollout, executed_by(self.ctx.policy)):
             self.buffer.add(episode)
         self.env_steps += sum(int(o.length) for o in batch.rollout.outputs)
         self.sums, self.count = {}, 0
