@@ -110,28 +110,44 @@ class WSRLParams:
 declare_variant("wsrl", WSRLParams)
 
 
-def critic_settings(p: WSRLParams, gamma: float) -> CriticSettings:
+def critic_settings(p: WSRLParams, gamma: float, chunked: bool = False) -> CriticSettings:
     return CriticSettings(p.ensemble_size, p.target_subset, p.critic_width, p.critic_lr, p.tau, gamma,
                           p.init_alpha, p.auto_alpha, p.alpha_lr, p.target_entropy, p.backup_entropy, p.actor_reduce,
-                          p.cql_samples, p.cql_temperature)
+                          p.cql_samples, p.cql_temperature, chunked)
 
 
 class WSRL(LossHook):
+    NAME = "wsrl"
+    """The learner's registered name and its ``algo.extra`` section."""
+    CHUNKED = False
+    """γ per env step and chunked TD backups (CO-RFT) instead of γ per decision."""
+
     def __init__(self, ctx: HookContext):
         if ctx.engine.world_size != 1:
-            raise ValueError(f"algo.offpolicy: wsrl runs in one process (got {ctx.engine.world_size}): each process "
-                             f"would learn its own critic from its own rows")
+            raise ValueError(f"algo.offpolicy: {self.NAME} runs in one process (got {ctx.engine.world_size}): each "
+                             f"process would learn its own critic from its own rows")
         if ctx.out is None:
-            raise ValueError("algo.offpolicy: wsrl keeps its offline result and state in the run folder: give one")
+            raise ValueError(f"algo.offpolicy: {self.NAME} keeps its offline result and state in the run folder: "
+                             f"give one")
         self.ctx, cfg = ctx, ctx.cfg
-        self.p: WSRLParams = variant_params(cfg.algo, "wsrl")
+        self.p: WSRLParams = variant_params(cfg.algo, self.NAME)
         self.folder = Path(ctx.out) / STATE_DIR
-        self.learner = ActorCritic(ctx.policy, critic_settings(self.p, cfg.algo.gamma), derive_seed(cfg.trainer.seed, 40))
-        self.buffer = TransitionBuffer(self.p.buffer_capacity, cfg.algo.gamma)
+        self.learner = ActorCritic(ctx.policy, critic_settings(self.p, cfg.algo.gamma, self.CHUNKED),
+                                   derive_seed(cfg.trainer.seed, 40))
+        self.buffer = TransitionBuffer(self.p.buffer_capacity, cfg.algo.gamma, self.CHUNKED)
         self.steps, self.env_steps, self.saved = 0, 0, []
         self.sums: dict[str, float] = {}
         self.count = 0
+        self.offline_data: list[Episode] = []
         self.offline_metrics = self.offline_phase()
+        self.seed_online_buffer()
+
+    def seed_online_buffer(self) -> None:
+        """What the online buffer starts with: nothing (WSRL drops the offline data)."""
+
+    def online_cql_alpha(self) -> float:
+        """Weight of the conservative term in online updates (WSRL: 0, plain SAC)."""
+        return 0.0
 
     # -- phase 1 --------------------------------------------------------------------------------
     def offline_episodes(self) -> list[Episode]:
@@ -142,7 +158,7 @@ class WSRL(LossHook):
             for example in task.sample_batch("train", p.offline_demos, rng):
                 demo = task.reference_output(example)
                 if not isinstance(demo, RecordedDemonstration):
-                    raise ValueError(f"algo.extra.wsrl.offline_demos: {self.ctx.cfg.task.name}'s reference_output "
+                    raise ValueError(f"algo.extra.{self.NAME}.offline_demos: {self.ctx.cfg.task.name}'s reference_output "
                                      f"({type(demo).__name__}) records no executed actions / rewards; set it to 0 "
                                      f"and give offline_files")
                 action_dims = demo.executed_actions.shape[1]
@@ -152,7 +168,7 @@ class WSRL(LossHook):
             episodes += read_episodes(path)
         for episode in episodes:
             if episode.actions.shape[1] != policy.decision_size:
-                raise ValueError(f"algo.extra.wsrl: an offline episode has decisions of {episode.actions.shape[1]} "
+                raise ValueError(f"algo.extra.{self.NAME}: an offline episode has decisions of {episode.actions.shape[1]} "
                                  f"numbers, the policy's are {policy.decision_size} (chunk · action dims)")
         return episodes
 
@@ -168,8 +184,10 @@ class WSRL(LossHook):
             return {}
         episodes = self.offline_episodes()
         if not episodes:
-            raise ValueError("algo.extra.wsrl.offline_steps > 0 needs offline data: offline_demos or offline_files")
-        data = TransitionBuffer(sum(e.length for e in episodes) + 1, cfg.algo.gamma)
+            raise ValueError(f"algo.extra.{self.NAME}.offline_steps > 0 needs offline data: offline_demos or "
+                             f"offline_files")
+        self.offline_data = episodes
+        data = TransitionBuffer(sum(e.length for e in episodes) + 1, cfg.algo.gamma, self.CHUNKED)
         for episode in episodes:
             data.add(episode)
         optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.trainer.lr)
@@ -209,7 +227,8 @@ class WSRL(LossHook):
         for k in range(self.p.critic_updates):
             seed = derive_seed(self.ctx.cfg.trainer.seed, index.step, index.epoch, index.minibatch, k, 42)
             generator = torch.Generator().manual_seed(seed)
-            loss, metrics = self.learner.update(self.buffer.sample(self.p.batch_size, generator), generator, 0.0, False)
+            loss, metrics = self.learner.update(self.buffer.sample(self.p.batch_size, generator), generator,
+                                                self.online_cql_alpha(), self.p.calibrated)
             for key, value in metrics.items():
                 self.sums[key] = self.sums.get(key, 0.0) + value
             self.count += 1
@@ -236,7 +255,8 @@ class WSRL(LossHook):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if "file" not in state:
-            raise ValueError("the checkpoint holds no state of algo.offpolicy: wsrl (written by another recipe?)")
+            raise ValueError(f"the checkpoint holds no state of algo.offpolicy: {self.NAME} (written by another "
+                             f"recipe?)")
         saved = torch.load(self.folder / state["file"], weights_only=True)
         self.learner.load_state_dict(saved["learner"])
         self.buffer.load_state_dict(saved["buffer"])
