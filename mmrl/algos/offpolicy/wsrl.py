@@ -19,6 +19,9 @@ Three phases:
    online buffer, then the actor loss of the last one is returned to the trainer, which backpropagates it
    and steps the policy with its own optimizer.
 
+PRFT option (``reward_model``, seed #83): a reward predictor trained on the offline data in phase 1 replaces
+the env's rewards of every stored rollout (:mod:`mmrl.algos.offpolicy.reward_model`).
+
 How it fits the loop (``trainer.update``): ``prepare(batch)`` stores the step's episodes; ``update_term``
 is called once per (epoch, minibatch) optimizer step; run it with ``algo.policy_loss: none`` so the
 policy-gradient term is zero (the advantage estimator's output is unused). Updates per step =
