@@ -223,3 +223,22 @@ def test_squashed_rollouts_execute_tanh_of_the_stored_samples():
 def test_squash_needs_the_gaussian_head():
     with pytest.raises(ValueError, match="squash"):
         policy(action_head="tokens", squash="tanh")
+
+
+def test_ppo_step_with_a_squashed_head_starts_on_policy(tmp_path):
+    """One GRPO / PPO-clip trainer step of the Gaussian-head reach recipe with ``squash: tanh``: the trainer's
+    first (and only) minibatch re-scores the rollout exactly (ratio 1, approx. KL 0) and the step updates."""
+    import json
+
+    from mmrl.core.config import load_config
+    from mmrl.core.trainer import train
+
+    cfg = load_config("world_model_rft/grpo_mujoco_tiny_cpu", [
+        "log.progress=false", "log.tensorboard=false", "task.args.image_size=32", "policy.args.image_size=32",
+        "policy.args.squash=tanh", "policy.args.max_decisions=8", "warm_start.sft_steps=5", "trainer.steps=1",
+        "rollout.prompts_per_step=2", "rollout.group_size=4", "eval.num_examples=2", "eval.extra_splits=[]",
+        "eval.every=0"])
+    train(cfg, tmp_path)
+    row = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[1])
+    assert row["policy/ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert row["policy/approx_kl"] == pytest.approx(0.0, abs=1e-6) and row["policy/grad_norm"] > 0
