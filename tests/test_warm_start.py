@@ -29,6 +29,8 @@ def key_before_vision_pretraining(cfg) -> str:
     policy["args"].pop("video", None)  # policy.args.video (VLM) came later too
     if policy["args"].get("share_prompts_under_checkpointing") is False:  # and this VLM option, at its default
         del policy["args"]["share_prompts_under_checkpointing"]
+    if policy["args"].get("squash") == "none":  # and the VLA's tanh squashing, at its default
+        del policy["args"]["squash"]
     if cfg.task.name == "driving/rift-v0":  # as did RLFTSim's reward: each left out at its default
         from mmrl.tasks.driving.realism import RlftsimWeights
 

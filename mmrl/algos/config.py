@@ -185,7 +185,8 @@ class AlgoConfig:
     offpolicy: str | None = None
     """Registered off-policy learner (mmrl/algos/offpolicy/, issue 27): wsrl (WSRL, seed #57: Cal-QL offline
     pre-training on demonstrations, warm-up rollouts, online Q-learning without the offline data;
-    ``extra.wsrl``). Its loss hook stores each step's episodes in a replay buffer and trains a Q ensemble and
+    ``extra.wsrl``), co_rft (CO-RFT, seed #97: chunked TD over whole action chunks, offline on demonstrations,
+    then fine-tuning on a buffer that keeps them; ``extra.co_rft``). Its loss hook stores each step's episodes in a replay buffer and trains a Q ensemble and
     the policy (SAC actor) from it; use it with ``policy_loss: none``. Needs a Gaussian action head. None: off."""
 
     extra: dict = field(default_factory=dict, hash=False)

@@ -51,6 +51,8 @@ class EpisodeBatch:
     mask: np.ndarray  # [N, T] float32: 1 for real decisions
     summaries: list[EpisodeSummary]
     frames: list[list[np.ndarray]] | None = None  # per episode, every env step's image (videos)
+    chunk_rewards: np.ndarray | None = None  # [N, T, chunk] float32: each env step's reward inside the chunk
+    # (0 after the episode ended); ``step_rewards`` is its sum over the chunk (chunked TD, CO-RFT)
 
 
 # decide(images [B,H,W,3] uint8, proprio [B,P], instructions [B]) -> (actions [B, chunk, A], records {k: [B, ...]})
@@ -116,7 +118,7 @@ class GymRunner:
         instructions = [str(x) for x in obs["instruction"]]
         active = np.ones(n, dtype=bool)
         returns, lengths, success = np.zeros(n), np.zeros(n, dtype=int), np.zeros(n, dtype=bool)
-        images, proprio, records, rewards, dones, masks = [], [], [], [], [], []
+        images, proprio, records, rewards, dones, masks, in_chunk = [], [], [], [], [], [], []
         frames = [[obs["image"][i]] for i in range(n)] if record_frames else None
         for _ in range(max_decisions):
             if not active.any():
@@ -129,9 +131,11 @@ class GymRunner:
             records.append(record)
             masks.append(active.astype(np.float32))
             reward, done = np.zeros(n, dtype=np.float32), np.zeros(n, dtype=np.float32)
+            per_step = np.zeros((n, chunk), dtype=np.float32)
             for k in range(chunk):
                 was_active = active.copy()
                 obs, r, terminated, truncated, info = env.step(actions[:, k])
+                per_step[:, k] = np.where(was_active, r, 0.0)
                 reward += np.where(was_active, r, 0.0).astype(np.float32)
                 ended = was_active & (terminated | truncated)
                 returns += np.where(was_active, r, 0.0)
@@ -145,6 +149,7 @@ class GymRunner:
                 if not active.any():
                     break
             rewards.append(reward)
+            in_chunk.append(per_step)
             dones.append(done)
         t = len(masks)
         if active.any():  # the decision budget ran out before the env's own time limit
@@ -155,7 +160,8 @@ class GymRunner:
         return EpisodeBatch(
             images=stack(images), proprio=stack(proprio), instructions=instructions,
             records={k: stack([r[k] for r in records]) for k in records[0]} if t else {},
-            step_rewards=stack(rewards), dones=stack(dones), mask=stack(masks), summaries=summaries, frames=frames)
+            step_rewards=stack(rewards), dones=stack(dones), mask=stack(masks), summaries=summaries, frames=frames,
+            chunk_rewards=stack(in_chunk) if t else np.zeros((n, 0, chunk), dtype=np.float32))
 
 
 def concat_batches(parts: Sequence[EpisodeBatch]) -> EpisodeBatch:
@@ -174,4 +180,6 @@ def concat_batches(parts: Sequence[EpisodeBatch]) -> EpisodeBatch:
         dones=np.concatenate([pad(p.dones) for p in parts]),
         mask=np.concatenate([pad(p.mask) for p in parts]),
         summaries=[s for p in parts for s in p.summaries],
-        frames=None if parts[0].frames is None else [f for p in parts for f in p.frames])
+        frames=None if parts[0].frames is None else [f for p in parts for f in p.frames],
+        chunk_rewards=None if any(p.chunk_rewards is None for p in parts)
+        else np.concatenate([pad(p.chunk_rewards) for p in parts]))

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from mmrl.policies.vla import (VLAConfig, VLAPayload, VLAPolicy, detokenize_actions, instruction_ids,
-                               tokenize_actions)
+                               tanh_log_abs_det, tokenize_actions)
 from mmrl.core.registry import make_task
 from mmrl.core.rollout import Rollout, SamplingParams
 
 HEADS = [{"action_head": "tokens"}, {"action_head": "gaussian"}, {"action_head": "tokens", "chunk": 3},
-         {"action_head": "gaussian", "chunk": 2}]
+         {"action_head": "gaussian", "chunk": 2}, {"action_head": "gaussian", "chunk": 2, "squash": "tanh"}]
 
 
 def policy(**kw) -> VLAPolicy:
@@ -84,6 +84,9 @@ def test_on_policy_ratio_is_one_and_runner_bookkeeping(kw):
         assert rollout.mask[row, :steps].all() and not rollout.mask[row, steps:].any()  # right-padded
         assert rollout.dones[row].sum() == 1 and rollout.dones[row, steps - 1] == 1
         assert rollout.step_rewards[row].sum().item() == pytest.approx(summary.episode_return, abs=1e-5)
+        in_chunk = rollout.payload.chunk_rewards[row]  # per env step inside each decision, summing to it
+        assert in_chunk.shape == (t, p.cfg.chunk)
+        assert torch.allclose(in_chunk.sum(-1), rollout.step_rewards[row], atol=1e-5)
         assert math.ceil(summary.length / p.cfg.chunk) == steps
         assert (summary.env_id, summary.seed) == (ex[row // 2].env_id, ex[row // 2].seed)
     # gradients reach the encoder, the trunk and the head
@@ -156,10 +159,10 @@ def test_wrong_image_size_and_action_dims_are_clear_errors():
         policy(action_dims=2).sft_loss(ex, [task.reference_output(e) for e in ex])
 
 
-@pytest.mark.parametrize("head", ["tokens", "gaussian"])
+@pytest.mark.parametrize("head", ["tokens", "gaussian", "gaussian_tanh"])
 def test_behaviour_cloning_lowers_the_loss(head):
     task = make_task("robot/reach-v0")
-    p = policy(action_head=head, chunk=2)
+    p = policy(action_head=head.split("_")[0], chunk=2, squash="tanh" if head.endswith("tanh") else "none")
     opt = torch.optim.AdamW(p.parameters(), lr=3e-3)
     fixed = task.sample_batch("train", 8, np.random.default_rng(1))
     demos = [task.reference_output(e) for e in fixed]
@@ -170,3 +173,72 @@ def test_behaviour_cloning_lowers_the_loss(head):
         loss.backward()
         opt.step()
     assert p.sft_loss(fixed, demos).item() < start - (0.5 if head == "tokens" else 0.3), (start, loss.item())
+
+
+def test_tanh_log_abs_det_golden_and_stable():
+    u = torch.tensor([0.0, math.atanh(0.5), -math.atanh(0.5), 2.0, 30.0, -30.0])
+    got = tanh_log_abs_det(u)
+    assert got[:3].tolist() == pytest.approx([0.0, math.log(0.75), math.log(0.75)], abs=1e-6)  # log(1 − tanh²)
+    assert got[3].item() == pytest.approx(math.log(1 - math.tanh(2.0) ** 2), rel=1e-5)
+    # 1 − tanh²(30) rounds to 0 in float32; the stable form is 2(log 2 − |u|) up to e^{−60}
+    assert got[4:].tolist() == pytest.approx([2 * (math.log(2) - 30)] * 2, rel=1e-6)
+
+
+def test_squashed_logprob_matches_a_tanh_transformed_normal():
+    p = policy(action_head="gaussian", chunk=2, squash="tanh")
+    h = torch.randn(6, p.cfg.hidden)
+    u = torch.randn(6, 4)  # pre-squash samples, as the payload stores them
+    logp, entropy = p.action_logprob(h, u, temperature=0.5, with_entropy=True)
+    base = torch.distributions.Normal(p.action_mean(h), 0.5 * p.log_std(h).exp())
+    squashed = torch.distributions.TransformedDistribution(base, torch.distributions.TanhTransform())
+    assert torch.allclose(logp, squashed.log_prob(torch.tanh(u)).sum(-1), atol=1e-3)
+    assert torch.allclose(logp, base.log_prob(u).sum(-1) - torch.log(1 - torch.tanh(u) ** 2).sum(-1), atol=1e-4)
+    # the entropy is the one-sample estimate H[u] + Σ log(1 − tanh²(u)) at the stored sample
+    assert torch.allclose(entropy, base.entropy().sum(-1) + torch.log(1 - torch.tanh(u) ** 2).sum(-1), atol=1e-4)
+    # reparameterised samples: bounded, and their log π is the transformed density of the executed action
+    actions, logp_r = p.rsample_actions(h, torch.Generator().manual_seed(0))
+    assert actions.abs().max() < 1
+    one = torch.distributions.TransformedDistribution(torch.distributions.Normal(p.action_mean(h), p.log_std(h).exp()),
+                                                      torch.distributions.TanhTransform())
+    assert torch.allclose(logp_r, one.log_prob(actions).sum(-1), atol=1e-2)
+    # the same noise without squashing: the actions are tanh of the unsquashed head's
+    plain = policy(action_head="gaussian", chunk=2)
+    plain.load_state_dict(p.state_dict())
+    raw, _ = plain.rsample_actions(h, torch.Generator().manual_seed(0))
+    assert torch.allclose(actions, torch.tanh(raw), atol=1e-6)
+
+
+def test_squashed_rollouts_execute_tanh_of_the_stored_samples():
+    p = policy(action_head="gaussian", squash="tanh", log_std_init=0.4)
+    r = p.rollout(examples(2), 2, SamplingParams(1.0), seed=0)
+    u = r.payload.actions[r.mask > 0]
+    assert u.abs().max() > 1  # wide samples: tanh, not clipping, bounds them
+    executed = p.executed_decisions(u)
+    assert torch.allclose(executed, torch.tanh(u)) and executed.abs().max() < 1
+    greedy = p.rollout(examples(1), 1, SamplingParams(0.0), seed=0)
+    h = p.features(greedy.payload.images[:, 0], greedy.payload.proprio[:, 0], greedy.payload.instruction_ids)
+    assert torch.allclose(greedy.payload.actions[:, 0], p.action_mean(h), atol=1e-6)
+
+
+def test_squash_needs_the_gaussian_head():
+    with pytest.raises(ValueError, match="squash"):
+        policy(action_head="tokens", squash="tanh")
+
+
+def test_ppo_step_with_a_squashed_head_starts_on_policy(tmp_path):
+    """One GRPO / PPO-clip trainer step of the Gaussian-head reach recipe with ``squash: tanh``: the trainer's
+    first (and only) minibatch re-scores the rollout exactly (ratio 1, approx. KL 0) and the step updates."""
+    import json
+
+    from mmrl.core.config import load_config
+    from mmrl.core.trainer import train
+
+    cfg = load_config("world_model_rft/grpo_mujoco_tiny_cpu", [
+        "log.progress=false", "log.tensorboard=false", "task.args.image_size=32", "policy.args.image_size=32",
+        "policy.args.squash=tanh", "policy.args.max_decisions=8", "warm_start.sft_steps=5", "trainer.steps=1",
+        "rollout.prompts_per_step=2", "rollout.group_size=4", "eval.num_examples=2", "eval.extra_splits=[]",
+        "eval.every=0"])
+    train(cfg, tmp_path)
+    row = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[1])
+    assert row["policy/ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert row["policy/approx_kl"] == pytest.approx(0.0, abs=1e-6) and row["policy/grad_norm"] > 0

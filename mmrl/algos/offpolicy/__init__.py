@@ -16,7 +16,9 @@ Pieces shared by the family:
 - :mod:`~mmrl.algos.offpolicy.critic` and :mod:`~mmrl.algos.offpolicy.learner`: the Q ensemble and
   :class:`ActorCritic`, one update of critic, target, actor loss and α.
 
-Learners: ``wsrl`` (WSRL, seed #57: Cal-QL offline → warm-up rollouts → online SAC without offline data).
+Learners: ``wsrl`` (WSRL, seed #57: Cal-QL offline → warm-up rollouts → online SAC without offline data);
+``co_rft`` (CO-RFT, seed #97: chunked TD over whole action chunks, γ per env step, offline on demonstrations,
+then fine-tuning on a buffer that keeps them).
 """
 
 from __future__ import annotations
@@ -24,10 +26,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from mmrl.algos.hooks import LOSS_HOOKS, ROLLOUT_HOOKS, HookContext, HookSpec, LossHook
-from mmrl.algos.offpolicy.buffer import TransitionBuffer, Transitions, discounted_return_to_go
+from mmrl.algos.offpolicy.buffer import TransitionBuffer, Transitions, chunked_return_to_go, discounted_return_to_go
+from mmrl.algos.offpolicy.co_rft import CORFT, CORFTParams
 from mmrl.algos.offpolicy.episodes import (Episode, episode_from_demonstration, episodes_from_rollout, read_episodes,
                                            write_episodes)
-from mmrl.algos.offpolicy.formulas import actor_loss, calql_penalty, polyak_update, td_target, temperature_loss
+from mmrl.algos.offpolicy.formulas import (actor_loss, calql_penalty, chunk_td_target, polyak_update, td_target,
+                                           temperature_loss)
 from mmrl.algos.offpolicy.learner import ActorCritic, ContinuousActor, CriticSettings
 from mmrl.algos.offpolicy.episode_log import EpisodeLog, read_logged_episodes
 from mmrl.algos.offpolicy.wsrl import WSRL, WSRLParams
@@ -35,12 +39,13 @@ from mmrl.core.registry import Registry
 
 OFFPOLICY_LEARNERS: Registry[Callable[[HookContext], LossHook]] = Registry("off-policy learner")
 OFFPOLICY_LEARNERS.register("wsrl", WSRL)
+OFFPOLICY_LEARNERS.register("co_rft", CORFT)
 
 LOSS_HOOKS.register("offpolicy", HookSpec(lambda cfg: cfg.algo.offpolicy is not None,
                                           lambda ctx: OFFPOLICY_LEARNERS.get(ctx.cfg.algo.offpolicy)(ctx)))
 ROLLOUT_HOOKS.register("episode_log", HookSpec(lambda cfg: cfg.rollout.log_episodes, EpisodeLog))
 
-__all__ = ["OFFPOLICY_LEARNERS", "WSRL", "ActorCritic", "ContinuousActor", "CriticSettings", "Episode", "EpisodeLog",
-           "TransitionBuffer", "Transitions", "WSRLParams", "actor_loss", "calql_penalty", "discounted_return_to_go",
+__all__ = ["OFFPOLICY_LEARNERS", "CORFT", "WSRL", "ActorCritic", "CORFTParams", "ContinuousActor", "CriticSettings", "Episode", "EpisodeLog",
+           "TransitionBuffer", "Transitions", "WSRLParams", "actor_loss", "calql_penalty", "chunk_td_target", "chunked_return_to_go", "discounted_return_to_go",
            "episode_from_demonstration", "episodes_from_rollout", "polyak_update", "read_episodes",
            "read_logged_episodes", "td_target", "temperature_loss", "write_episodes"]

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from mmrl.algos.hooks import HookContext, RolloutHook
-from mmrl.algos.offpolicy.episodes import Episode, episodes_from_rollout, read_episodes, write_episodes
+from mmrl.algos.offpolicy.episodes import Episode, episodes_from_rollout, executed_by, read_episodes, write_episodes
 from mmrl.core.scored import Scored
 
 EPISODES_DIR = "episodes"
@@ -22,10 +22,11 @@ class EpisodeLog(RolloutHook):
         if ctx.out is None:
             raise ValueError("rollout.log_episodes needs a run folder to write its episodes to")
         self.folder, self.rank, self.step = ctx.out / EPISODES_DIR, ctx.engine.rank, 0
+        self.executed = executed_by(ctx.policy)
 
     def finish(self, batch: Scored) -> Scored:
         self.step += 1
-        write_episodes(self.folder / f"step_{self.step}.rank{self.rank}.npz", episodes_from_rollout(batch.rollout))
+        write_episodes(self.folder / f"step_{self.step}.rank{self.rank}.npz", episodes_from_rollout(batch.rollout, self.executed))
         return batch
 
     def state_dict(self) -> dict[str, Any]:

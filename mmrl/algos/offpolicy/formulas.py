@@ -27,6 +27,27 @@ def td_target(rewards: Tensor, terminal: Tensor, next_q: Tensor, next_logp: Tens
     return rewards + gamma * (1.0 - terminal) * soft_value
 
 
+def chunk_td_target(chunk_rewards: Tensor, terminal: Tensor, next_q: Tensor, next_logp: Tensor, gamma: float,
+                    alpha: float) -> Tensor:
+    """CO-RFT's chunked TD target (Chunked RL, seed #97; the n-step backup of Sutton & Barto §7.1 with the
+    chunk as the n steps) for a Q over whole action chunks of c env steps, γ per env step:
+
+        y = Σ_{k<c} γ^k r_{t+k} + γ^c (1 − d) ( min_{i ∈ M} Q̄_i(s_{t+c}, a') − α log π(a' | s_{t+c}) ),
+        a' ~ π(· | s_{t+c}) a whole next chunk
+
+    ``chunk_rewards``: [B, c] the env rewards inside each chunk (0 after an episode's end, where d = 1);
+    the rest as :func:`td_target`, which this equals for c = 1. → [B].
+
+    >>> chunk_td_target(torch.tensor([[1.0, 0.0, 2.0]]), torch.tensor([0.0]), torch.tensor([[4.0], [3.0]]),
+    ...                 torch.tensor([0.0]), 0.5, 0.0)
+    tensor([1.8750])
+    """
+    c = chunk_rewards.shape[1]
+    discounts = gamma ** torch.arange(c, dtype=chunk_rewards.dtype, device=chunk_rewards.device)
+    soft_value = next_q.min(dim=0).values - alpha * next_logp
+    return (chunk_rewards * discounts).sum(1) + gamma ** c * (1.0 - terminal) * soft_value
+
+
 def calql_penalty(q_data: Tensor, q_random: Tensor, q_policy: Tensor, logp_policy: Tensor, q_next_policy: Tensor,
                   logp_next_policy: Tensor, mc_returns: Tensor | None, action_dims: int,
                   temperature: float = 1.0) -> tuple[Tensor, dict[str, Tensor]]:

@@ -27,7 +27,8 @@ from torch import Tensor
 
 from mmrl.algos.offpolicy.buffer import Transitions
 from mmrl.algos.offpolicy.critic import Critic
-from mmrl.algos.offpolicy.formulas import actor_loss, calql_penalty, polyak_update, td_target, temperature_loss
+from mmrl.algos.offpolicy.formulas import (actor_loss, calql_penalty, chunk_td_target, polyak_update, td_target,
+                                           temperature_loss)
 
 
 @runtime_checkable
@@ -65,6 +66,8 @@ class CriticSettings:
     actor_reduce: str
     cql_samples: int
     cql_temperature: float
+    chunked: bool = False
+    """γ per env step and the chunked backup :func:`chunk_td_target` (CO-RFT); else γ per decision."""
 
 
 class ActorCritic:
@@ -128,15 +131,18 @@ class ActorCritic:
 
     @torch.no_grad()
     def targets(self, batch: Transitions, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-        """TD targets y [B] (a' ~ π(s'), a random subset of the target members) and the policy's features of s'."""
+        """TD targets y [B] (a' ~ π(s'), a random subset of the target members; per decision or chunked) and the
+        policy's features of s'."""
         s, policy = self.s, self.policy
         h_next = policy.features(batch.next_images, batch.next_proprio, batch.instruction_ids)
         a_next, logp_next = policy.rsample_actions(h_next, generator)
         members = torch.randperm(s.ensemble_size, generator=generator)[:s.target_subset]
         next_features = self.target.features(batch.next_images, batch.next_proprio, batch.instruction_ids)
         next_q = self.target.q(next_features, a_next)[members]  # [M, B]
-        return td_target(batch.rewards, batch.terminal, next_q, logp_next, s.gamma,
-                         self.alpha if s.backup_entropy else 0.0), h_next
+        alpha = self.alpha if s.backup_entropy else 0.0
+        if s.chunked:
+            return chunk_td_target(batch.chunk_rewards, batch.terminal, next_q, logp_next, s.gamma, alpha), h_next
+        return td_target(batch.rewards, batch.terminal, next_q, logp_next, s.gamma, alpha), h_next
 
     @torch.no_grad()
     def data_values(self, batch: Transitions) -> Tensor:

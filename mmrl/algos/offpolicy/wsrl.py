@@ -19,6 +19,9 @@ Three phases:
    online buffer, then the actor loss of the last one is returned to the trainer, which backpropagates it
    and steps the policy with its own optimizer.
 
+PRFT option (``reward_model``, seed #83): a reward predictor trained on the offline data in phase 1 replaces
+the env's rewards of every stored rollout (:mod:`mmrl.algos.offpolicy.reward_model`).
+
 How it fits the loop (``trainer.update``): ``prepare(batch)`` stores the step's episodes; ``update_term``
 is called once per (epoch, minibatch) optimizer step; run it with ``algo.policy_loss: none`` so the
 policy-gradient term is zero (the advantage estimator's output is unused). Updates per step =
@@ -43,8 +46,9 @@ import torch
 from mmrl.algos.hooks import HookContext, LossHook, UpdateIndex
 from mmrl.algos.offpolicy.buffer import TransitionBuffer
 from mmrl.algos.offpolicy.episodes import (Episode, RecordedDemonstration, episode_from_demonstration,
-                                           episodes_from_rollout, read_episodes)
+                                           episodes_from_rollout, executed_by, read_episodes)
 from mmrl.algos.offpolicy.learner import ActorCritic, CriticSettings
+from mmrl.algos.offpolicy.reward_model import RewardModel, relabel, train_reward_model
 from mmrl.algos.variants.params import declare_variant, variant_params
 from mmrl.core.rollout import derive_seed
 from mmrl.core.scored import Scored
@@ -105,33 +109,64 @@ class WSRLParams:
     # -- warm-up ------------------------------------------------------------------------------------
     warmup_steps: int = 1
     """Trainer steps whose rollouts only seed the online buffer (WSRL: 5,000 env steps; INFERRED one step)."""
+    # -- PRFT: predicted rewards ----------------------------------------------------------------------
+    reward_model: bool = False
+    """PRFT (seed #83): train a reward predictor on the offline data and store the policy's rollouts with
+    its predicted rewards instead of the env's (:mod:`mmrl.algos.offpolicy.reward_model`)."""
+    reward_model_steps: int = 500
+    """Adam updates of the reward model (INFERRED for the tiny budget)."""
+    reward_model_lr: float = 1e-3
+    reward_model_width: int = 256
+    reward_model_train_encoder: bool = True
+    """Fine-tune the reward model's copy of the policy's encoder (false: heads on its frozen features)."""
 
 
 declare_variant("wsrl", WSRLParams)
 
 
-def critic_settings(p: WSRLParams, gamma: float) -> CriticSettings:
+def critic_settings(p: WSRLParams, gamma: float, chunked: bool = False) -> CriticSettings:
     return CriticSettings(p.ensemble_size, p.target_subset, p.critic_width, p.critic_lr, p.tau, gamma,
                           p.init_alpha, p.auto_alpha, p.alpha_lr, p.target_entropy, p.backup_entropy, p.actor_reduce,
-                          p.cql_samples, p.cql_temperature)
+                          p.cql_samples, p.cql_temperature, chunked)
 
 
 class WSRL(LossHook):
+    NAME = "wsrl"
+    """The learner's registered name and its ``algo.extra`` section."""
+    CHUNKED = False
+    """γ per env step and chunked TD backups (CO-RFT) instead of γ per decision."""
+
     def __init__(self, ctx: HookContext):
         if ctx.engine.world_size != 1:
-            raise ValueError(f"algo.offpolicy: wsrl runs in one process (got {ctx.engine.world_size}): each process "
-                             f"would learn its own critic from its own rows")
+            raise ValueError(f"algo.offpolicy: {self.NAME} runs in one process (got {ctx.engine.world_size}): each "
+                             f"process would learn its own critic from its own rows")
         if ctx.out is None:
-            raise ValueError("algo.offpolicy: wsrl keeps its offline result and state in the run folder: give one")
+            raise ValueError(f"algo.offpolicy: {self.NAME} keeps its offline result and state in the run folder: "
+                             f"give one")
         self.ctx, cfg = ctx, ctx.cfg
-        self.p: WSRLParams = variant_params(cfg.algo, "wsrl")
+        self.p: WSRLParams = variant_params(cfg.algo, self.NAME)
+        if self.p.reward_model and self.p.offline_steps == 0:
+            raise ValueError(f"algo.extra.{self.NAME}.reward_model is trained in the offline phase: set "
+                             f"offline_steps > 0 (and give offline data)")
+        self.reward_model: RewardModel | None = None
+        self.relabel_error: list[float] = []
         self.folder = Path(ctx.out) / STATE_DIR
-        self.learner = ActorCritic(ctx.policy, critic_settings(self.p, cfg.algo.gamma), derive_seed(cfg.trainer.seed, 40))
-        self.buffer = TransitionBuffer(self.p.buffer_capacity, cfg.algo.gamma)
+        self.learner = ActorCritic(ctx.policy, critic_settings(self.p, cfg.algo.gamma, self.CHUNKED),
+                                   derive_seed(cfg.trainer.seed, 40))
+        self.buffer = TransitionBuffer(self.p.buffer_capacity, cfg.algo.gamma, self.CHUNKED)
         self.steps, self.env_steps, self.saved = 0, 0, []
         self.sums: dict[str, float] = {}
         self.count = 0
+        self.offline_data: list[Episode] = []
         self.offline_metrics = self.offline_phase()
+        self.seed_online_buffer()
+
+    def seed_online_buffer(self) -> None:
+        """What the online buffer starts with: nothing (WSRL drops the offline data)."""
+
+    def online_cql_alpha(self) -> float:
+        """Weight of the conservative term in online updates (WSRL: 0, plain SAC)."""
+        return 0.0
 
     # -- phase 1 --------------------------------------------------------------------------------
     def offline_episodes(self) -> list[Episode]:
@@ -142,7 +177,7 @@ class WSRL(LossHook):
             for example in task.sample_batch("train", p.offline_demos, rng):
                 demo = task.reference_output(example)
                 if not isinstance(demo, RecordedDemonstration):
-                    raise ValueError(f"algo.extra.wsrl.offline_demos: {self.ctx.cfg.task.name}'s reference_output "
+                    raise ValueError(f"algo.extra.{self.NAME}.offline_demos: {self.ctx.cfg.task.name}'s reference_output "
                                      f"({type(demo).__name__}) records no executed actions / rewards; set it to 0 "
                                      f"and give offline_files")
                 action_dims = demo.executed_actions.shape[1]
@@ -152,7 +187,7 @@ class WSRL(LossHook):
             episodes += read_episodes(path)
         for episode in episodes:
             if episode.actions.shape[1] != policy.decision_size:
-                raise ValueError(f"algo.extra.wsrl: an offline episode has decisions of {episode.actions.shape[1]} "
+                raise ValueError(f"algo.extra.{self.NAME}: an offline episode has decisions of {episode.actions.shape[1]} "
                                  f"numbers, the policy's are {policy.decision_size} (chunk · action dims)")
         return episodes
 
@@ -162,16 +197,24 @@ class WSRL(LossHook):
         if path.is_file():
             saved = torch.load(path, weights_only=True)
             self.learner.load_state_dict(saved["learner"])
+            if "reward_model" in saved:
+                self.reward_model = RewardModel.from_policy(policy, int(saved["reward_model_chunk"]),
+                                                            p.reward_model_width, 0, p.reward_model_train_encoder)
+                self.reward_model.load_state_dict(saved["reward_model"])
+                self.reward_model.requires_grad_(False).eval()
             policy.load_state_dict(saved["policy"])
             return {k: float(v) for k, v in saved["metrics"].items()}
         if p.offline_steps == 0:
             return {}
         episodes = self.offline_episodes()
         if not episodes:
-            raise ValueError("algo.extra.wsrl.offline_steps > 0 needs offline data: offline_demos or offline_files")
-        data = TransitionBuffer(sum(e.length for e in episodes) + 1, cfg.algo.gamma)
+            raise ValueError(f"algo.extra.{self.NAME}.offline_steps > 0 needs offline data: offline_demos or "
+                             f"offline_files")
+        self.offline_data = episodes
+        data = TransitionBuffer(sum(e.length for e in episodes) + 1, cfg.algo.gamma, self.CHUNKED)
         for episode in episodes:
             data.add(episode)
+        reward_metrics = self.train_reward_model(data) if p.reward_model else {}
         optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.trainer.lr)
         sums: dict[str, float] = {}
         for k in range(p.offline_steps):
@@ -189,16 +232,35 @@ class WSRL(LossHook):
         policy.zero_grad(set_to_none=True)
         result = {f"offline/{key.split('/', 1)[1]}": value for key, value in sums.items()}
         result |= {"offline/transitions": float(len(data)), "offline/episodes": float(len(episodes))}
-        self.folder.mkdir(parents=True, exist_ok=True)
-        save_atomic({"learner": self.learner.state_dict(), "policy": policy.state_dict(),
-                     "metrics": {k: torch.tensor(v) for k, v in result.items()}}, path)
+        result |= {f"offline/{k}": v for k, v in reward_metrics.items()}
+        saved = {"learner": self.learner.state_dict(), "policy": policy.state_dict(),
+                 "metrics": {k: torch.tensor(v) for k, v in result.items()}}
+        if self.reward_model is not None:
+            saved |= {"reward_model": self.reward_model.state_dict(),
+                      "reward_model_chunk": torch.tensor(data.arrays["chunk_rewards"].shape[1])}
+        save_atomic(saved, path)
         return result
+
+    def train_reward_model(self, data: TransitionBuffer) -> dict[str, float]:
+        """PRFT's reward predictor on the offline data (encoder copied from the warm-started policy), then frozen."""
+        p, seed = self.p, self.ctx.cfg.trainer.seed
+        chunk = data.arrays["chunk_rewards"].shape[1]
+        self.reward_model = RewardModel.from_policy(self.ctx.policy, chunk, p.reward_model_width, derive_seed(seed, 44),
+                                                    p.reward_model_train_encoder)
+        metrics = train_reward_model(self.reward_model, data, p.reward_model_steps, p.batch_size, p.reward_model_lr,
+                                     derive_seed(seed, 45))
+        self.reward_model.requires_grad_(False).eval()
+        return metrics
 
     # -- phases 2 and 3 -------------------------------------------------------------------------
     def prepare(self, batch: Scored) -> None:
         """Store the step's episodes in the online buffer."""
         self.steps += 1
-        for episode in episodes_from_rollout(batch.rollout):
+        self.relabel_error = []
+        for episode in episodes_from_rollout(batch.rollout, executed_by(self.ctx.policy)):
+            if self.reward_model is not None:  # PRFT: store the predicted rewards, not the env's
+                episode, error = relabel(self.reward_model, episode)
+                self.relabel_error.append(error)
             self.buffer.add(episode)
         self.env_steps += sum(int(o.length) for o in batch.rollout.outputs)
         self.sums, self.count = {}, 0
@@ -209,7 +271,8 @@ class WSRL(LossHook):
         for k in range(self.p.critic_updates):
             seed = derive_seed(self.ctx.cfg.trainer.seed, index.step, index.epoch, index.minibatch, k, 42)
             generator = torch.Generator().manual_seed(seed)
-            loss, metrics = self.learner.update(self.buffer.sample(self.p.batch_size, generator), generator, 0.0, False)
+            loss, metrics = self.learner.update(self.buffer.sample(self.p.batch_size, generator), generator,
+                                                self.online_cql_alpha(), self.p.calibrated)
             for key, value in metrics.items():
                 self.sums[key] = self.sums.get(key, 0.0) + value
             self.count += 1
@@ -219,6 +282,8 @@ class WSRL(LossHook):
         out = {key: value / self.count for key, value in self.sums.items() if not key.startswith("loss/")}
         out |= {"offpolicy/buffer_transitions": float(len(self.buffer)), "offpolicy/env_steps": float(self.env_steps),
                 "offpolicy/online": float(self.steps > self.p.warmup_steps)}
+        if self.relabel_error:
+            out["prft/reward_abs_error"] = sum(self.relabel_error) / len(self.relabel_error)
         if self.steps == 1:
             out |= self.offline_metrics
         return out
@@ -236,7 +301,8 @@ class WSRL(LossHook):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if "file" not in state:
-            raise ValueError("the checkpoint holds no state of algo.offpolicy: wsrl (written by another recipe?)")
+            raise ValueError(f"the checkpoint holds no state of algo.offpolicy: {self.NAME} (written by another "
+                             f"recipe?)")
         saved = torch.load(self.folder / state["file"], weights_only=True)
         self.learner.load_state_dict(saved["learner"])
         self.buffer.load_state_dict(saved["buffer"])
