@@ -59,7 +59,7 @@ def task_args(task_id: str, request) -> dict:
         return DATA_ROWS
     if task_id == "judge/verdict-v0":
         return {"task": "vlm_sanity/shape_color-v0"}
-    if task_id == "pretext/mask-fill-v0":
+    if task_id in ("pretext/mask-fill-v0", "pretext/step-order-v0"):
         return {"task": "data/rows-v0", "args": ARITH_ROWS}
     if task_id in ("data/mixture-v0", "mixture"):
         return {"sources": [{"name": "vqa", "task": "data/rows-v0", "args": DATA_ROWS},
