@@ -40,8 +40,28 @@ def test_prompt_key_refuses_examples_outside_the_contract():
         prompt_key({"prompt": "12>"})
     with pytest.raises(TypeError, match="frozen dataclasses"):
         prompt_key(MutableExample("12>"))
-    with pytest.raises(TypeError, match="ImageExample.image is a ndarray"):
+    with pytest.raises(TypeError, match="ImageExample.image holds a ndarray"):
         prompt_key(ImageExample(np.zeros(2), "12>"))
+    with pytest.raises(TypeError, match="Holder.inner holds a ndarray"):  # also inside a nested dataclass
+        prompt_key(Holder(ImageExample(np.zeros(2), "12>")))
+
+
+@dataclass(frozen=True)
+class Holder:
+    inner: ImageExample
+
+
+def test_prompt_key_of_examples_made_of_frozen_dataclasses():
+    """vlm_sanity's examples hold a tuple of shapes (frozen dataclasses): keyed by their fields, so the per-prompt
+    hooks (SEELE, EAPO, MSSR's history, ERPO) run on that VLM task. Plain examples keep the key they had."""
+    from mmrl.core.registry import make_task
+
+    assert prompt_key(ReverseExample("3142")) == "d818a830f8bbc6f55e09"  # unchanged: checkpointed histories load
+    examples = make_task("vlm_sanity/shape_color-v0", {}).sample_batch("train", 16, np.random.default_rng(0))
+    again = make_task("vlm_sanity/shape_color-v0", {}).sample_batch("train", 16, np.random.default_rng(0))
+    keys = [prompt_key(e) for e in examples]
+    assert keys == [prompt_key(e) for e in again]
+    assert len(set(keys)) == len({e for e in examples})  # equal examples, equal keys; different ones differ
 
 
 def test_history_counts_soft_outcomes_and_round_trips():

@@ -5,7 +5,8 @@ Used by estimators that declare the ``"prompt_history"`` need (MSSR's per-prompt
 (so a prompt's own rollouts never enter its baseline twice) and adds the step's outcomes after.
 
 Key contract: an example is keyed by :func:`prompt_key`, which requires a frozen dataclass whose
-compared fields are plain values (str, int, float, bool, None, or tuples of them); fields declared with
+compared fields are plain values (str, int, float, bool, None, tuples of them, or frozen dataclasses keyed the
+same way, e.g. vlm_sanity's tuple of shapes); fields declared with
 ``compare=False`` (images, raw data riding along) are not part of the example's identity, nor of its key. The key is a digest of
 its type name and fields, stable across processes and runs (Python's ``hash`` of a str is not),
 so the history survives a checkpoint / ``--resume``.
@@ -25,28 +26,42 @@ from torch import Tensor
 PLAIN = (str, int, float, bool, type(None))
 
 
-def _plain(value: Any) -> bool:
+def _frozen_dataclass(value: Any) -> bool:
+    return dataclasses.is_dataclass(value) and not isinstance(value, type) and type(value).__dataclass_params__.frozen
+
+
+class _Unkeyable(TypeError):
+    """A compared field holds a value with no stable identity (an image, an array, ...)."""
+
+
+def _key_value(value: Any) -> Any:
+    """The JSON identity of a compared field's value: plain values as they are, tuples as lists, frozen
+    dataclasses as [type name, their compared fields]."""
+    if isinstance(value, PLAIN):
+        return value
     if isinstance(value, tuple):
-        return all(_plain(v) for v in value)
-    return isinstance(value, PLAIN)
+        return [_key_value(v) for v in value]
+    if _frozen_dataclass(value):
+        return [type(value).__qualname__,
+                {f.name: _key_value(getattr(value, f.name)) for f in dataclasses.fields(value) if f.compare}]
+    raise _Unkeyable(type(value).__name__)
 
 
 def prompt_key(example: Any) -> str:
     """A stable digest identifying ``example`` (see the key contract above)."""
-    if not dataclasses.is_dataclass(example) or isinstance(example, type) or \
-            not type(example).__dataclass_params__.frozen:
+    if not _frozen_dataclass(example):
         raise TypeError(f"per-prompt history needs examples that are frozen dataclasses, got "
                         f"{type(example).__name__}; make the task's example a @dataclass(frozen=True)")
     values = {}
     for f in dataclasses.fields(example):
         if not f.compare:
             continue
-        value = getattr(example, f.name)
-        if not _plain(value):
+        try:
+            values[f.name] = _key_value(getattr(example, f.name))
+        except _Unkeyable as err:
             raise TypeError(f"per-prompt history keys examples by their plain fields; {type(example).__name__}."
-                            f"{f.name} is a {type(value).__name__}. Add an id field (str/int) to the example and "
-                            f"keep large data (images, arrays) out of the key")
-        values[f.name] = value
+                            f"{f.name} holds a {err}. Add an id field (str/int) to the example and keep large "
+                            f"data (images, arrays) out of the key (a field with compare=False)") from None
     text = json.dumps([type(example).__qualname__, values], sort_keys=True)
     return hashlib.sha1(text.encode()).hexdigest()[:20]
 
