@@ -134,6 +134,34 @@ def detokenize_actions(tokens: Tensor, bins: int) -> Tensor:
     return -1.0 + (2 * tokens.float() + 1) / bins
 
 
+def run_episode_groups(policy: Any, examples: Sequence[Any], group_size: int, decide: Any,
+                       record_frames: bool) -> EpisodeBatch:
+    """Each example's episode ``group_size`` times through ``policy.runner`` (``decide`` picks the actions;
+    ``policy.cfg.chunk`` steps a decision, at most ``policy.cfg.max_decisions``), the policy in eval mode
+    meanwhile. Shared by the env policies (``vla``, ``vla_vlm``)."""
+    env_ids = [ex.env_id for ex in examples for _ in range(group_size)]
+    seeds = [ex.seed for ex in examples for _ in range(group_size)]
+    was_training = policy.training
+    policy.eval()
+    try:
+        return policy.runner.run(env_ids, seeds, decide, policy.cfg.chunk, policy.cfg.max_decisions, record_frames)
+    finally:
+        policy.train(was_training)
+
+
+def episode_rollout(batch: EpisodeBatch, num_examples: int, group_size: int, payload: Any, version: int,
+                    with_values: bool) -> Rollout:
+    """The :class:`Rollout` of an env policy's episodes: a row per episode, a column per decision, the behaviour
+    log-probs (and values) the policy recorded in ``batch.records``, per-decision rewards and dones."""
+    mask = torch.from_numpy(batch.mask)
+    example_index = torch.arange(num_examples).repeat_interleave(group_size)
+    values = torch.from_numpy(batch.records["value"]) * mask if with_values else None
+    return Rollout(logp=torch.from_numpy(batch.records["logp"]).float() * mask, mask=mask,
+                   group_id=example_index.clone(), example_index=example_index, outputs=batch.summaries,
+                   payload=payload, policy_version=version, values=values,
+                   step_rewards=torch.from_numpy(batch.step_rewards) * mask, dones=torch.from_numpy(batch.dones) * mask)
+
+
 class SpatialSoftArgmax(nn.Module):
     """Expected (x, y) image coordinates of each channel's softmax (Levine et al. 2016, §4.2)."""
 
@@ -351,11 +379,7 @@ class VLAPolicy(Policy):
     @torch.no_grad()
     def rollout(self, examples: Sequence[Any], group_size: int, sampling: SamplingParams, seed: int,
                 record_frames: bool = False) -> Rollout:
-        env_ids = [ex.env_id for ex in examples for _ in range(group_size)]
-        seeds = [ex.seed for ex in examples for _ in range(group_size)]
         generator = torch.Generator().manual_seed(seed)
-        was_training = self.training
-        self.eval()
 
         def decide(images: np.ndarray, proprio: np.ndarray, instructions: list[str]):
             ids, _ = instruction_ids(instructions, self.cfg.vocab_buckets)
@@ -367,26 +391,18 @@ class VLAPolicy(Policy):
                 record["value"] = self.value(h).squeeze(-1).float().cpu().numpy()
             return self.env_actions(decision), record
 
-        batch = self.runner.run(env_ids, seeds, decide, self.cfg.chunk, self.cfg.max_decisions, record_frames)
-        self.train(was_training)
+        batch = run_episode_groups(self, examples, group_size, decide, record_frames)
         return self.to_rollout(batch, len(examples), group_size, sampling.temperature)
 
     def to_rollout(self, batch: EpisodeBatch, num_examples: int, group_size: int, temperature: float) -> Rollout:
-        mask = torch.from_numpy(batch.mask)
         actions = torch.from_numpy(batch.records["decision"])
         ids, _ = instruction_ids(batch.instructions, self.cfg.vocab_buckets)
         payload = VLAPayload(torch.from_numpy(batch.images), torch.from_numpy(batch.proprio), ids,
-                             actions.long() if self.cfg.action_head == "tokens" else actions.float(), mask, temperature,
+                             actions.long() if self.cfg.action_head == "tokens" else actions.float(),
+                             torch.from_numpy(batch.mask), temperature,
                              None if batch.chunk_rewards is None else torch.from_numpy(batch.chunk_rewards))
-        example_index = torch.arange(num_examples).repeat_interleave(group_size)
-        values = torch.from_numpy(batch.records["value"]) * mask if self.value is not None else None
-        rollout = Rollout(logp=torch.from_numpy(batch.records["logp"]).float() * mask, mask=mask,
-                          group_id=example_index.clone(), example_index=example_index, outputs=batch.summaries,
-                          payload=payload, policy_version=self.version, values=values,
-                          step_rewards=torch.from_numpy(batch.step_rewards) * mask,
-                          dones=torch.from_numpy(batch.dones) * mask)
         self.last_frames = batch.frames  # videos (scripts/train_vla.py); None unless asked for
-        return rollout
+        return episode_rollout(batch, num_examples, group_size, payload, self.version, self.value is not None)
 
     # -- re-scoring ------------------------------------------------------------------------------
     def forward(self, rollout: Rollout, with_entropy: bool = False) -> PolicyOutput:

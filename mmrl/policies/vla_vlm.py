@@ -56,7 +56,7 @@ from mmrl.core.contracts import IMAGE_PLACEHOLDER, Policy, PolicyOutput
 from mmrl.core.rollout import Rollout, SamplingParams
 from mmrl.policies.shared_prefix import cache_keyword, next_positions, plain_model, prompt_positions
 from mmrl.policies.tokens import token_logprobs
-from mmrl.policies.vla import detokenize_actions, tokenize_actions
+from mmrl.policies.vla import detokenize_actions, episode_rollout, run_episode_groups, tokenize_actions
 from mmrl.policies.vlm import VLMConfig, VLMPolicy
 from mmrl.samplers.gym_runner import EpisodeBatch, GymRunner
 from mmrl.samplers.tokens import VisionPrompts
@@ -336,11 +336,7 @@ class VLAVLMPolicy(Policy):
     @torch.no_grad()
     def rollout(self, examples: Sequence[Any], group_size: int, sampling: SamplingParams, seed: int,
                 record_frames: bool = False) -> Rollout:
-        env_ids = [ex.env_id for ex in examples for _ in range(group_size)]
-        seeds = [ex.seed for ex in examples for _ in range(group_size)]
         generator = torch.Generator().manual_seed(seed)
-        was_training = self.training
-        self.eval()
 
         def decide(images: np.ndarray, proprio: np.ndarray, instructions: list[str]):
             bins, logp, hidden = self.decode(self.encode(images, proprio, instructions), sampling.temperature,
@@ -350,25 +346,15 @@ class VLAVLMPolicy(Policy):
                 record["value"] = self.state_value(hidden).cpu().numpy()
             return self.env_actions(bins), record
 
-        try:
-            batch = self.runner.run(env_ids, seeds, decide, self.cfg.chunk, self.cfg.max_decisions, record_frames)
-        finally:
-            self.train(was_training)
+        batch = run_episode_groups(self, examples, group_size, decide, record_frames)
         return self.to_rollout(batch, len(examples), group_size, sampling.temperature)
 
     def to_rollout(self, batch: EpisodeBatch, num_examples: int, group_size: int, temperature: float) -> Rollout:
-        mask = torch.from_numpy(batch.mask)
         payload = VLAVLMPayload(torch.from_numpy(batch.images), torch.from_numpy(batch.proprio),
-                                tuple(batch.instructions), torch.from_numpy(batch.records["decision"]).long(), mask,
-                                temperature)
-        example_index = torch.arange(num_examples).repeat_interleave(group_size)
-        values = torch.from_numpy(batch.records["value"]) * mask if self.value is not None else None
+                                tuple(batch.instructions), torch.from_numpy(batch.records["decision"]).long(),
+                                torch.from_numpy(batch.mask), temperature)
         self.last_frames = batch.frames  # videos; None unless asked for
-        return Rollout(logp=torch.from_numpy(batch.records["logp"]).float() * mask, mask=mask,
-                       group_id=example_index.clone(), example_index=example_index, outputs=batch.summaries,
-                       payload=payload, policy_version=self.version, values=values,
-                       step_rewards=torch.from_numpy(batch.step_rewards) * mask,
-                       dones=torch.from_numpy(batch.dones) * mask)
+        return episode_rollout(batch, num_examples, group_size, payload, self.version, self.value is not None)
 
     # -- re-scoring ------------------------------------------------------------------------------
     def forward(self, rollout: Rollout, with_entropy: bool = False) -> PolicyOutput:

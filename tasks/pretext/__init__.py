@@ -20,7 +20,7 @@ transcript is the question and its answer, and the masked span is one number. St
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,6 +72,22 @@ def mask_one_number(text: str, rng: np.random.Generator, mask_token: str) -> tup
     return text[:start] + mask_token + text[end:], text[start:end]
 
 
+def derived_batch(base_task: Any, split: str, n: int, rng: np.random.Generator,
+                  derive: Callable[[Any, str], Any | None], none_left: str) -> list[Any]:
+    """``n`` pretext examples, each ``derive(base, transcript)`` of a base example of ``split`` (its prompt and
+    reference answer); base examples it returns None for are skipped. A ``ConfigError`` saying ``none_left`` when
+    100 draws do not fill the batch."""
+    examples: list[Any] = []
+    for _ in range(100):
+        for base in base_task.sample_batch(split, n - len(examples), rng):
+            example = derive(base, f"{base.prompt} {base_task.reference_output(base)}")
+            if example is not None:
+                examples.append(example)
+        if len(examples) == n:
+            return examples
+    raise ConfigError(none_left)
+
+
 class MaskFillTask:
     """Masked-then-fill over a base text task (see the module docstring)."""
 
@@ -86,16 +102,12 @@ class MaskFillTask:
 
     def sample_batch(self, split: str, n: int, rng: np.random.Generator) -> list[MaskFillExample]:
         """``n`` base examples of ``split`` with a number masked (examples without one are skipped)."""
-        examples: list[MaskFillExample] = []
-        for _ in range(100):
-            for base in self.base.sample_batch(split, n - len(examples), rng):
-                transcript = f"{base.prompt} {self.base.reference_output(base)}"
-                masked = mask_one_number(transcript, rng, self.cfg.mask_token)
-                if masked is not None:
-                    examples.append(MaskFillExample(base, masked[0], masked[1], self.cfg.template))
-            if len(examples) == n:
-                return examples
-        raise ConfigError(f"{self.cfg.task}: its prompts and answers hold no numbers to mask")
+        def derive(base: Any, transcript: str) -> MaskFillExample | None:
+            masked = mask_one_number(transcript, rng, self.cfg.mask_token)
+            return None if masked is None else MaskFillExample(base, masked[0], masked[1], self.cfg.template)
+
+        return derived_batch(self.base, split, n, rng, derive, f"{self.cfg.task}: its prompts and answers hold "
+                                                                 "no numbers to mask")
 
     def reward(self, example: MaskFillExample, output: Any) -> RewardResult:
         if not isinstance(output, str) or not output.strip():

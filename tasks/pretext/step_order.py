@@ -32,6 +32,7 @@ import numpy as np
 from mmrl.core.contracts import RewardResult, ShowsBase
 from mmrl.core.registry import make_task, register_task
 from mmrl.core.typed import ConfigError
+from mmrl.tasks.pretext import derived_batch
 
 TASK_ID = "pretext/step-order-v0"
 STEP_END = re.compile(r"\n+|(?<=[.?!])\s+")
@@ -109,16 +110,15 @@ class StepOrderTask:
 
     def sample_batch(self, split: str, n: int, rng: np.random.Generator) -> list[StepOrderExample]:
         """``n`` base examples of ``split``, each with its steps shuffled (too-short transcripts are skipped)."""
-        examples: list[StepOrderExample] = []
-        for _ in range(100):
-            for base in self.base.sample_batch(split, n - len(examples), rng):
-                steps = split_steps(f"{base.prompt} {self.base.reference_output(base)}")[:self.cfg.max_steps]
-                if len(steps) >= self.cfg.min_steps and len(set(steps)) == len(steps):  # one original order
-                    examples.append(StepOrderExample(base, *shuffled(steps, rng), self.cfg.template))
-            if len(examples) == n:
-                return examples
-        raise ConfigError(f"{self.cfg.task}: its transcripts have fewer than {self.cfg.min_steps} steps, or repeat one "
-                          "(steps end at line breaks and at '.', '?', '!')")
+        def derive(base: Any, transcript: str) -> StepOrderExample | None:
+            steps = split_steps(transcript)[:self.cfg.max_steps]
+            if len(steps) < self.cfg.min_steps or len(set(steps)) < len(steps):  # one original order
+                return None
+            return StepOrderExample(base, *shuffled(steps, rng), self.cfg.template)
+
+        return derived_batch(self.base, split, n, rng, derive,
+                             f"{self.cfg.task}: its transcripts have fewer than {self.cfg.min_steps} steps, or "
+                             "repeat one (steps end at line breaks and at '.', '?', '!')")
 
     def reward(self, example: StepOrderExample, output: Any) -> RewardResult:
         n = len(example.order)
