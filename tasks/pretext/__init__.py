@@ -20,7 +20,7 @@ transcript is the question and its answer, and the masked span is one number. St
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +29,7 @@ import numpy as np
 from mmrl.core.contracts import RewardResult, ShowsBase
 from mmrl.core.registry import make_task, register_task
 from mmrl.core.typed import ConfigError
+from mmrl.tasks.pretext.transcripts import derived_batch
 
 TASK_ID = "pretext/mask-fill-v0"
 NUMBER = re.compile(r"\d+")
@@ -70,22 +71,6 @@ def mask_one_number(text: str, rng: np.random.Generator, mask_token: str) -> tup
         return None
     start, end = spans[int(rng.integers(len(spans)))]
     return text[:start] + mask_token + text[end:], text[start:end]
-
-
-def derived_batch(base_task: Any, split: str, n: int, rng: np.random.Generator,
-                  derive: Callable[[Any, str], Any | None], none_left: str) -> list[Any]:
-    """``n`` pretext examples, each ``derive(base, transcript)`` of a base example of ``split`` (its prompt and
-    reference answer); base examples it returns None for are skipped. A ``ConfigError`` saying ``none_left`` when
-    100 draws do not fill the batch."""
-    examples: list[Any] = []
-    for _ in range(100):
-        for base in base_task.sample_batch(split, n - len(examples), rng):
-            example = derive(base, f"{base.prompt} {base_task.reference_output(base)}")
-            if example is not None:
-                examples.append(example)
-        if len(examples) == n:
-            return examples
-    raise ConfigError(none_left)
 
 
 class MaskFillTask:

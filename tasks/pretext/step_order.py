@@ -32,7 +32,7 @@ import numpy as np
 from mmrl.core.contracts import RewardResult, ShowsBase
 from mmrl.core.registry import make_task, register_task
 from mmrl.core.typed import ConfigError
-from mmrl.tasks.pretext import derived_batch
+from mmrl.tasks.pretext.transcripts import derived_batch
 
 TASK_ID = "pretext/step-order-v0"
 STEP_END = re.compile(r"\n+|(?<=[.?!])\s+")
