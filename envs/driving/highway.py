@@ -41,6 +41,7 @@ os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
 import contextlib  # noqa: E402 (after the environment variables pygame reads at import)
 import copy  # noqa: E402
 import functools  # noqa: E402
+import logging  # noqa: E402
 import warnings  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
@@ -193,7 +194,7 @@ def make_scene(scene_id: str, seed: int, sim_hz: int = 10) -> HighwayScene | Non
             maneuver, target = _lane_choice(road, ego.lane_index, rng)
         elif not maneuver:  # intersection: the turn's direction, from the route's geometry
             maneuver = _turn_of(road, ego)
-        route_xy = _route_polyline(road, ego, maneuver, target)
+        route_xy = route_polyline(road, ego, maneuver, target)
     return HighwayScene(scene_id, int(seed), road, index, maneuver, target, desired, route_xy, sim_hz)
 
 
@@ -213,15 +214,28 @@ def _lanes_ahead(road: Road, vehicle: ControlledVehicle, lane_index: tuple) -> l
     on_route = {lane_index[:2]} | {step[:2] for step in route or ()}
     rng = np.random.RandomState(0)  # only used where a road forks without a route
     lanes, index = [lane_index], lane_index
-    for _ in range(8):
-        if index[1] not in road.network.graph:
-            break
-        nxt = road.network.next_lane(index, route=route, position=vehicle.position, np_random=rng)
-        if nxt[:2] == index[:2] or (route is not None and nxt[:2] not in on_route):
-            break
-        lanes.append(nxt)
-        index = nxt
+    with _quiet_routing():  # a vehicle off its route's lane: highway-env warns, then takes the closest next lane
+        for _ in range(8):
+            if index[1] not in road.network.graph:
+                break
+            nxt = road.network.next_lane(index, route=route, position=vehicle.position, np_random=rng)
+            if nxt[:2] == index[:2] or (route is not None and nxt[:2] not in on_route):
+                break
+            lanes.append(nxt)
+            index = nxt
     return lanes
+
+
+@contextlib.contextmanager
+def _quiet_routing() -> Iterator[None]:
+    """highway-env's road module logs a warning when a route does not continue the current lane; silenced here."""
+    log = logging.getLogger("highway_env.road.road")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 def _sample_lane(lane: AbstractLane, s_from: float, s_to: float, lateral: float = 0.0) -> np.ndarray:
@@ -230,8 +244,8 @@ def _sample_lane(lane: AbstractLane, s_from: float, s_to: float, lateral: float 
     return np.array([lane.position(float(v), lateral) for v in s])
 
 
-def _route_polyline(road: Road, ego: Vehicle, maneuver: str, target: tuple) -> np.ndarray:
-    """The ego's path [K, 2] in our frame: its lanes from ``ROUTE_BEHIND`` m behind to ``ROUTE_AHEAD`` m ahead;
+def route_polyline(road: Road, ego: Vehicle, maneuver: str = "keep_lane", target: tuple | None = None) -> np.ndarray:
+    """A vehicle's (the ego's) path [K, 2] in our frame: its lanes from ``ROUTE_BEHIND`` m behind to ``ROUTE_AHEAD`` m ahead;
     a lane change ramps to the target lane's centre over 30 m, 8 m ahead (like the world's own routes)."""
     s0 = float(ego.lane.local_coordinates(ego.position)[0])
     start = max(0.0, s0 - ROUTE_BEHIND)
@@ -274,14 +288,16 @@ def scene_road_map(scene_id: str) -> RoadMap:
     """The lanes and drivable polygon of ``scene_id`` in our frame (a scene type's network never changes).
 
     All lanes make the drivable area; only lanes with a painted side (not ``LineType.NONE`` on both)
-    are drawn as lanes, so the lanes inside a junction show as plain road, as in highway-env's view."""
+    are drawn as lanes, so the lanes inside a junction show as plain road, as in highway-env's view. Every
+    lane's centre line, painted or not, is a route (``routes``, named ``from-to-k``): the reference lines
+    RIFT's lane-alignment terms measure against (``driving/rift-highway-v0``)."""
     with pinned_idm(scene_id), warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         env = gymnasium.make(scene_id, disable_env_checker=True).unwrapped
         env.reset(seed=0)
         network = env.road.network
         env.close()
-    painted, unpainted = [], []
+    painted, unpainted, centres = [], [], {}
     for _from, to_ids in network.graph.items():
         for _to, lane_list in to_ids.items():
             for k, lane in enumerate(lane_list):
@@ -290,11 +306,12 @@ def scene_road_map(scene_id: str) -> RoadMap:
                 else:
                     centre = to_ours(_sample_lane(lane, 0.0, lane.length + 1e-6))
                 item = Lane(f"{_from}-{_to}-{k}", centre, float(lane.width_at(0.0)))
+                centres[item.name] = centre
                 if any(t != LineType.NONE for t in lane.line_types):
                     painted.append(item)
                 else:
                     unpainted.append(lane_area(item.centre, item.width))
-    return road_map(scene_id, painted, unpainted, {})
+    return road_map(scene_id, painted, unpainted, centres)
 
 
 def to_scenario(scene: HighwayScene, split: str) -> Scenario:
@@ -460,3 +477,93 @@ def expert_plan(scene: HighwayScene, horizon: int, dt: float, decimals: int) -> 
             if not (outcome.crashed or outcome.offroad):
                 return best
     return best
+
+
+# ------------------------------------------------------------------------------------------------
+# A background vehicle under outside control (driving/rift-highway-v0)
+
+
+class TrackedVehicle(Vehicle):
+    """A highway-env vehicle that follows given poses exactly, one per simulation step (RIFT's *track
+    propagation* of the controlled background vehicle), while highway-env's IDM / MOBIL vehicles react to it
+    as to any car and ``Road.step`` checks its collisions. ``crashed`` is highway-env's (sticky) verdict and
+    ``on_road`` its on-lane test, as for the planner's ego; the poses are ours (x, y up, heading CCW, speed)."""
+
+    def __init__(self, road: Road, pose: np.ndarray, length: float, width: float, route: list | None = None,
+                 target_speed: float = 0.0):
+        x, y, h, v = (float(a) for a in pose)
+        super().__init__(road, np.array([x, -y]), -h, v)
+        self.LENGTH, self.WIDTH = float(length), float(width)
+        self.diagonal = float(np.hypot(length, width))  # Vehicle.__init__ took the class's size
+        self.track, self.tick = np.asarray(pose, float)[None], 0
+        self.route = list(route or [])  # the lanes it was routed along (route_polyline reads them)
+        self.target_speed = float(target_speed)
+
+    def follow(self, poses: np.ndarray) -> None:
+        """Follow poses [S+1, 4] (the first is where the vehicle is now) from the next step on."""
+        self.track, self.tick = np.asarray(poses, float), 0
+
+    def act(self, action: dict | str | None = None) -> None:
+        """Actions are the track's: nothing to decide."""
+
+    def step(self, dt: float) -> None:
+        self.tick = min(self.tick + 1, len(self.track) - 1)
+        x, y, h, v = self.track[self.tick]
+        self.position = np.array([x, -y], dtype=float)
+        self.heading, self.speed, self.impact = float(-h), float(v), None
+        self.on_state_update()
+        passed = [k for k, lane in enumerate(self.route) if lane[:2] == self.lane_index[:2]]
+        if passed:  # drop the route's lanes behind the current one (as ControlledVehicle.follow_road does)
+            del self.route[:passed[0]]
+
+
+def control(road: Road, index: int) -> TrackedVehicle:
+    """Put ``road.vehicles[index]`` under outside control (a :class:`TrackedVehicle` where it stands), once."""
+    vehicle = road.vehicles[index]
+    if not isinstance(vehicle, TrackedVehicle):
+        vehicle = TrackedVehicle(road, pose_of(vehicle), vehicle.LENGTH, vehicle.WIDTH, getattr(vehicle, "route", None),
+                                 float(getattr(vehicle, "target_speed", vehicle.speed)))
+        road.vehicles[index] = vehicle
+    return vehicle
+
+
+@dataclass(frozen=True)
+class TrackRollout:
+    """One simulation of the controlled vehicle on its track: per-step ``crashed`` / ``offroad`` flags
+    [S+1] (highway-env's verdicts; step 0 is the start) and the other vehicles' poses [S+1, N, 4]."""
+
+    crashed: np.ndarray
+    offroad: np.ndarray
+    others: np.ndarray
+
+
+def follow_track(road: Road, index: int, poses: np.ndarray, scene_id: str, sim_hz: int = 10) -> TrackRollout:
+    """Step ``road`` (mutated: pass a copy to keep the snapshot) len(poses) − 1 steps with ``road.vehicles[index]``
+    following ``poses`` [S+1, 4] (our frame) and everyone else driven by highway-env."""
+    vehicle = control(road, index)
+    vehicle.follow(poses)
+    crashed, offroad, others = [vehicle.crashed], [not vehicle.on_road], [_others(road, index)]
+    with pinned_idm(scene_id):
+        for _ in range(len(poses) - 1):
+            road.act()
+            road.step(1.0 / sim_hz)
+            crashed.append(vehicle.crashed)
+            offroad.append(not vehicle.on_road)
+            others.append(_others(road, index))
+    return TrackRollout(np.array(crashed), np.array(offroad), np.stack(others))
+
+
+def drive_as_is(road: Road, index: int, n_steps: int, scene_id: str, sim_hz: int = 10) -> tuple[np.ndarray, TrackRollout]:
+    """Step ``road`` (mutated) ``n_steps`` with every vehicle as highway-env drives it: the poses [S+1, 4] of
+    ``road.vehicles[index]`` (the log of a rule-based vehicle) and its rollout (its flags, the others' poses)."""
+    vehicle = road.vehicles[index]
+    poses, crashed, offroad, others = [pose_of(vehicle)], [vehicle.crashed], [not vehicle.on_road], [_others(road, index)]
+    with pinned_idm(scene_id):
+        for _ in range(n_steps):
+            road.act()
+            road.step(1.0 / sim_hz)
+            poses.append(pose_of(vehicle))
+            crashed.append(vehicle.crashed)
+            offroad.append(not vehicle.on_road)
+            others.append(_others(road, index))
+    return np.array(poses), TrackRollout(np.array(crashed), np.array(offroad), np.stack(others))

@@ -117,6 +117,8 @@ def _rlftsim_zero(reason: str) -> RewardResult:
 
 class RiftTask:
     id = "driving/rift-v0"
+    seed_high = 2 ** 31 - 1
+    """Held-out seeds are drawn in [0, seed_high) (``sample_batch``, the closed-loop evaluation)."""
 
     def __init__(self, cfg: RiftConfig):
         if cfg.train_pool < 1:
@@ -145,7 +147,7 @@ class RiftTask:
     def sample_batch(self, split: str, n: int, rng: np.random.Generator) -> list[RiftExample]:
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r}; {self.id} has {', '.join(SPLITS)}")
-        high = self.cfg.train_pool if split == "train" else 2 ** 31 - 1
+        high = self.cfg.train_pool if split == "train" else self.seed_high
         return [self.example(split, int(s)) for s in rng.integers(0, high, size=n)]
 
     def returns(self, example: RiftExample) -> CandidateReturns:
@@ -218,6 +220,11 @@ class RiftTask:
                                    [r.components["offroad"] > 0 for _, _, r in usable], SIM_DT)
         return out
 
+    def closed_loop_metrics(self, choose: Callable[[np.ndarray, np.ndarray], int], split: str, seeds: Sequence[int],
+                            episodes_out: list | None = None) -> dict[str, float]:
+        """8-s closed-loop episodes from the states of ``seeds`` (:func:`closed_loop_metrics`, this task's traffic)."""
+        return closed_loop_metrics(choose, split, seeds, episodes_out, tuple(self.cfg.traffic))
+
     def reference_output(self, example: RiftExample) -> int:
         """The candidate closest (mean displacement over the horizon) to the log: the imitation target."""
         key = (example.split, example.seed)
@@ -248,7 +255,14 @@ def closed_loop_metrics(choose: Callable[[np.ndarray, np.ndarray], int], split: 
         runs.append((state, closed_loop_episode(state, choose), rule_based_episode(state)))
     if episodes_out is not None:
         episodes_out.extend(runs)
-    out: dict[str, float] = {}
+    return summarise_closed_loop(runs)
+
+
+def summarise_closed_loop(runs: Sequence[tuple[TrafficState, Episode, Episode]]) -> dict[str, float]:
+    """Rates and realism of (state, policy episode, log episode) triples: ``episodes``, ``collision_rate``,
+    ``offroad_rate``, ``progress_mean``, ``goal_rate`` (and ``log_`` ones), ``w1_<feature>`` (pooled) and
+    ``w1_<feature>_per_agent``."""
+    out: dict[str, float] = {"episodes": float(len(runs))}
     for prefix, k in (("", 1), ("log_", 2)):
         eps = [r[k] for r in runs]
         out[f"{prefix}collision_rate"] = float(np.mean([e.collision for e in eps]))

@@ -4,9 +4,12 @@
         --json runs/rift/closed_loop.json --gif docs/img/rift_before_after.gif
 
 "before" is the imitation warm start (read from the warm-start cache, ``$MMRL_CACHE``, that the run
-used), "after" the run's latest checkpoint, named after the run's reward (``rift`` or ``rlftsim``). Each is driven closed loop for 8 s from the same
-held-out states (``--split``, seeds drawn from ``--seed``) and compared with the rule-based log of
-the same states (:func:`mmrl.tasks.driving.rift.closed_loop_metrics`).
+used), "after" the run's latest checkpoint, named after the run's reward (``rift`` or ``rlftsim``). Each is
+driven closed loop for 8 s from the same held-out states (``--splits``, seeds drawn from ``--seed``) and
+compared with the rule-based log of the same states, in the run's own simulator: our world for
+``driving/rift-v0`` (:func:`mmrl.tasks.driving.rift.closed_loop_metrics`), highway-env for
+``driving/rift-highway-v0`` (:meth:`mmrl.tasks.driving.rift_highway.RiftHighwayTask.closed_loop_metrics`; its
+splits are ``test`` and ``ood``).
 """
 
 from __future__ import annotations
@@ -23,14 +26,13 @@ from mmrl.core import checkpoint as ckpt
 from mmrl.core.config import TrainConfig, build, load_yaml
 from mmrl.envs.driving.render import render_bev
 from mmrl.core.registry import make_policy, make_task
-from mmrl.tasks.driving.rift import closed_loop_metrics
 from mmrl.core.warm_start import warm_start_path
 
 CBV_COLOUR = (255, 220, 0)
 
 
 def load_policies(run: Path):
-    """(imitation start, fine-tuned) policies of a run folder, its task's traffic density and reward name."""
+    """(imitation start, fine-tuned) policies of a run folder and its task (a RIFT task of either simulator)."""
     cfg = build(TrainConfig, load_yaml(run / "config.yaml"))
     before, after = (make_policy(cfg.policy.name, cfg.policy.args) for _ in range(2))
     start = warm_start_path(cfg)
@@ -41,8 +43,10 @@ def load_policies(run: Path):
     if latest is None:
         raise FileNotFoundError(f"{run}: no checkpoint")
     after.load_weights(str(latest / "policy"))
-    task_cfg = make_task(cfg.task.name, cfg.task.args).cfg
-    return before.eval(), after.eval(), task_cfg.traffic, task_cfg.reward
+    task = make_task(cfg.task.name, cfg.task.args)
+    if not hasattr(task, "closed_loop_metrics"):
+        raise ValueError(f"{run}: task {cfg.task.name} is not a RIFT traffic task (driving/rift-v0, driving/rift-highway-v0)")
+    return before.eval(), after.eval(), task
 
 
 def frames(state, episode, size: int = 160, label: str = "") -> list[Image.Image]:
@@ -84,20 +88,21 @@ def write_gif(pairs, path: Path, size: int = 160, label: str = "RIFT") -> None:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run", required=True, type=Path)
-    parser.add_argument("--splits", default="test", help="comma-separated world splits")
+    parser.add_argument("--splits", default="test", help="comma-separated splits of the run's task")
     parser.add_argument("--episodes", type=int, default=64)
     parser.add_argument("--seed", type=int, default=4321)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--gif", type=Path)
     parser.add_argument("--gif-episodes", type=int, default=3)
     args = parser.parse_args(argv)
-    before, after, traffic, reward = load_policies(args.run)
+    before, after, task = load_policies(args.run)
+    reward = task.cfg.reward
     results: dict = {}
     for split in args.splits.split(","):
-        seeds = np.random.default_rng(args.seed).integers(0, 2 ** 31 - 1, size=args.episodes)
+        seeds = np.random.default_rng(args.seed).integers(0, task.seed_high, size=args.episodes)
         runs_before, runs_after = [], []
-        results[split] = {"imitation": closed_loop_metrics(before.choose, split, seeds, runs_before, traffic),
-                          reward: closed_loop_metrics(after.choose, split, seeds, runs_after, traffic)}
+        results[split] = {"imitation": task.closed_loop_metrics(before.choose, split, seeds, runs_before),
+                          reward: task.closed_loop_metrics(after.choose, split, seeds, runs_after)}
         for name, m in results[split].items():
             print(f"[{split}] {name:<9} " + "  ".join(f"{k} {v:.3f}" for k, v in m.items()))
         if args.gif and split == args.splits.split(",")[0]:
@@ -109,6 +114,9 @@ def main(argv: list[str] | None = None) -> dict:
             for kind in kinds:
                 picked += [i for i in range(len(seeds)) if kind(i) and i not in picked][:1]
             pairs = [(runs_before[i][0], b[i], a[i]) for i in picked[:args.gif_episodes]]
+            if not pairs:
+                print(f"gif: not written: no held-out episode of {split} differs between the two policies")
+                continue
             write_gif(pairs, args.gif, label=reward.upper())
             print(f"gif: {args.gif} ({args.gif.stat().st_size / 1e3:.0f} kB)")
     if args.json:

@@ -155,15 +155,17 @@ def speed_profile(v0: float, v_target: float, n_steps: int, dt: float = SIM_DT) 
     return v
 
 
-def candidate_lattice(state: TrafficState, n_steps: int = HORIZON_STEPS) -> tuple[np.ndarray, np.ndarray]:
+def candidate_lattice(state: TrafficState, n_steps: int = HORIZON_STEPS,
+                      offsets: tuple[float, ...] = REFERENCE_OFFSETS) -> tuple[np.ndarray, np.ndarray]:
     """CBV candidate poses [G, S+1, 4] (world, SIM_DT) and their parameters [G, 2] = (lateral offset of
-    the reference line in m, target speed as a fraction of the desired speed); reference-line major."""
+    the reference line in m, target speed as a fraction of the desired speed); reference-line major.
+    ``offsets``: the reference lines' shifts from the CBV's route (own lane, one lane left, one right)."""
     pose, route = state.cbv_pose, state.cbv.route
     s0, d0, _ = project_to_polyline(pose[None, :2], route)
     v_max = max(SPEED_MODES) * state.cbv.desired_speed
     path_len = pose[3] * n_steps * SIM_DT + 0.5 * ACCEL_LIMITS[1] * (n_steps * SIM_DT) ** 2 + 10.0
     poses, params = [], []
-    for offset in REFERENCE_OFFSETS:
+    for offset in offsets:
         path = frenet_path(route, float(s0[0]), float(d0[0]), offset, max(path_len, v_max * 4.0 + 10.0))
         path[0] = pose[:2]
         s_path = polyline_arclength(path)
@@ -240,11 +242,18 @@ def dense_rewards(state: TrafficState, cbv: np.ndarray, others: np.ndarray,
     −0.1·1[|v| > 0 or |a| > 0].
     """
     collide, offroad = collisions_offroad(state, cbv, others)
+    dd, dtheta = reference_errors(state, cbv)
+    return dense_terms(cbv, collide, offroad, dd, dtheta, dt) | {"_collide": collide, "_offroad": offroad}
+
+
+def dense_terms(cbv: np.ndarray, collide: np.ndarray, offroad: np.ndarray, dd: np.ndarray, dtheta: np.ndarray,
+                dt: float = SIM_DT) -> dict[str, np.ndarray]:
+    """The terms of :func:`dense_rewards` [C, S] from CBV poses [C, S+1, 4], the per-step collision and
+    off-road flags [C, S+1] and the reference errors Δd, Δθ [C, S+1], whichever simulator produced them."""
     v = cbv[..., 3]
     accel = np.diff(v, axis=1) / dt  # [C, S]
     yaw_rate = np.diff(np.unwrap(cbv[..., 2], axis=1), axis=1) / dt
     yaw_acc = np.diff(np.concatenate([yaw_rate[:, :1], yaw_rate], axis=1), axis=1) / dt
-    dd, dtheta = reference_errors(state, cbv)
     v, dd, dtheta = np.abs(v[:, 1:]), dd[:, 1:], dtheta[:, 1:]
     cos = np.cos(dtheta)
     return {
@@ -256,7 +265,6 @@ def dense_rewards(state: TrafficState, cbv: np.ndarray, others: np.ndarray,
         "l_center": -0.6 * (cos > 0.5) * (np.abs(dd) - 0.05 / np.exp(np.abs(dd) - 0.5)),
         "velocity": 0.1 * np.maximum(cos, 0.0) * ((v > 3.0) & (v < 20.0)) * v,
         "timestep": -0.1 * ((v > 0) | (np.abs(accel) > 0)),
-        "_collide": collide, "_offroad": offroad,
     }
 
 
@@ -275,15 +283,24 @@ def candidate_returns(state: TrafficState, cbv: np.ndarray, gamma: float = GAMMA
     """Forward-simulate CBV trajectories [C, S+1, 4] (others react) and score them (RIFT returns)."""
     others = simulate(state.others, cbv.shape[1] - 1, tracked=cbv)
     r = dense_rewards(state, cbv, others)
-    collide = r.pop("_collide")[:, 1:]
-    offroad = r.pop("_offroad")[:, 1:]
+    collide, offroad = r.pop("_collide"), r.pop("_offroad")
+    return discounted_returns(r, collide, offroad, cbv, state.cbv.route, gamma)
+
+
+def discounted_returns(terms: dict[str, np.ndarray], collide: np.ndarray, offroad: np.ndarray, cbv: np.ndarray,
+                       route: np.ndarray, gamma: float = GAMMA) -> CandidateReturns:
+    """RIFT's returns of C rollouts from their dense terms [C, S] (:func:`dense_terms`), per-step collision /
+    off-road flags [C, S+1] and CBV poses [C, S+1, 4]: Σ_j γ^j r_j up to and including the first collision;
+    progress along ``route``."""
+    r = terms
+    collide, offroad = collide[:, 1:], offroad[:, 1:]
     n_steps = collide.shape[1]
     # steps up to and including the first collision count (RIFT breaks after it)
     hit = np.where(collide.any(1), collide.argmax(1), n_steps)
     alive = np.arange(n_steps)[None] <= hit[:, None]
     discount = gamma ** np.arange(n_steps)[None] * alive
     terms = {k: (v * discount).sum(1) for k, v in r.items()}
-    s, _, _ = project_to_polyline(cbv[:, [0, -1], :2].reshape(-1, 2), state.cbv.route)
+    s, _, _ = project_to_polyline(cbv[:, [0, -1], :2].reshape(-1, 2), route)
     s = s.reshape(-1, 2)
     return CandidateReturns(sum(terms.values()), terms, collide.any(1), (offroad & alive).any(1), s[:, 1] - s[:, 0])
 
