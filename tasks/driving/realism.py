@@ -152,3 +152,49 @@ def rlftsim_reward(poses: np.ndarray, log: np.ndarray, collision: bool, offroad:
     components = {f"w1_{name}": w1[name] for name in KINEMATIC_FEATURES}
     components |= {"fidelity": fidelity, "goal": goal, "goal_dist": goal_dist}
     return float(min(max(score, 0.0), 1.0)), components
+
+
+def meta_metric(rollouts: Sequence[np.ndarray], log: np.ndarray, collision: Sequence[bool], offroad: Sequence[bool],
+                dt: float, w: RlftsimWeights) -> float:
+    """The realism meta-metric M(S) ∈ [0, 1] of a set S of rollouts of one agent from one state against the
+    state's log (INFERRED, the set form of :func:`rlftsim_reward`): the likelihood-like match exp(−W1/s) of the
+    *pooled* per-step speed / acceleration / jerk of all rollouts to the log's, the set's no-collision and
+    on-road rates, and its mean goal term; M(∅) = 0. For one rollout it equals :func:`rlftsim_reward`'s score.
+
+    >>> t = np.arange(41) * 0.1
+    >>> log = np.stack([8 * t, 0 * t, 0 * t, 8 + 0 * t], axis=1)
+    >>> round(meta_metric([log, log], log, [False, True], [False, False], 0.1, RlftsimWeights()), 6)  # 0.8·(0.5 + 0.3·½ + 0.2) + 0.2
+    0.88
+    """
+    if not rollouts:
+        return 0.0
+    mine, theirs = [kinematics(r, dt) for r in rollouts], kinematics(log, dt)
+    fidelity = sum(getattr(w, name) * math.exp(-wasserstein_1d(np.concatenate([m[j] for m in mine]), theirs[j])
+                                               / getattr(w, f"{name}_scale"))
+                   for j, name in enumerate(KINEMATIC_FEATURES))
+    fidelity += w.collision * (1.0 - float(np.mean(collision))) + w.offroad * (1.0 - float(np.mean(offroad)))
+    goal = float(np.mean([math.exp(-float(np.linalg.norm(r[-1, :2] - log[-1, :2])) / w.goal_scale) for r in rollouts]))
+    return float(min(max((1.0 - w.goal_weight) * fidelity + w.goal_weight * goal, 0.0), 1.0))
+
+
+def mloo_rewards(rollouts: Sequence[np.ndarray], log: np.ndarray, collision: Sequence[bool], offroad: Sequence[bool],
+                 dt: float, w: RlftsimWeights) -> list[float]:
+    """RLFTSim's MLOO credit (INFERRED from the abstract: "a leave-one-out construction over the realism
+    meta-metric"): r_i = M(S) − M(S ∖ {i}) for each rollout i of the set S of K rollouts of one state
+    (:func:`meta_metric`), in [−1, 1]. A rollout earns what the set's realism gains by including it: one that
+    brings the set's pooled kinematics closer to the log's, or avoids the collision the others make, scores
+    above one that duplicates what the set already has. With K = 1 it is M of the rollout alone.
+
+    >>> t = np.arange(41) * 0.1
+    >>> log = np.stack([8 * t, 0 * t, 0 * t, 8 + 0 * t], axis=1)
+    >>> fast = np.stack([12 * t, 0 * t, 0 * t, 12 + 0 * t], axis=1)
+    >>> [round(r, 3) for r in mloo_rewards([log, fast], log, [False, False], [False, False], 0.1, RlftsimWeights())]
+    [0.115, -0.234]
+    """
+    whole = meta_metric(rollouts, log, collision, offroad, dt, w)
+    out = []
+    for i in range(len(rollouts)):
+        keep = [k for k in range(len(rollouts)) if k != i]
+        out.append(whole - meta_metric([rollouts[k] for k in keep], log, [collision[k] for k in keep],
+                                       [offroad[k] for k in keep], dt, w))
+    return out

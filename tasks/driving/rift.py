@@ -23,6 +23,11 @@ first collision). A group is the G candidates of one state (``policy.args.group:
   INFERRED): the chosen 4-s trajectory against the log (the rule-based driver's own 4 s from the same state):
   a likelihood-like kinematic match (speed, acceleration, jerk W1), no collision / off-road, and reaching the
   log's end point; score in [0, 1], unusable outputs score 0 with the reason.
+- ``reward: rlftsim_mloo``: RLFTSim's MLOO credit (:func:`mmrl.tasks.driving.realism.mloo_rewards`, INFERRED): the
+  rows answering one state form a set S (a group sampled from the policy, ``policy.args.group: sample``; two groups
+  of the same state in one batch share theirs), and row i scores M(S) − M(S ∖ {i}) ∈ [−1, 1], M the set's realism
+  meta-metric against the log (``reward_batch``). Scored alone (``reward``, greedy evaluation) a row scores M of
+  itself, the ``rlftsim`` score; unusable outputs score −1 with the reason and stay out of the sets.
 - ``metrics``: open-loop (one 4-s decision) ``collision_rate``, ``offroad_rate``, ``progress_mean``, and the
   realism of the chosen trajectories against the logs (``realism_w1_speed`` / ``_accel`` / ``_jerk``, pooled and
   ``_per_agent``; :func:`mmrl.tasks.driving.realism.realism_metrics`), whatever the reward.
@@ -42,13 +47,15 @@ import numpy as np
 
 from mmrl.core.contracts import RewardResult
 from mmrl.envs.driving.world import SIM_DT, SPLITS
-from mmrl.tasks.driving.realism import KINEMATIC_FEATURES, RlftsimWeights, realism_metrics, rlftsim_reward
+from mmrl.tasks.driving.realism import (KINEMATIC_FEATURES, RlftsimWeights, mloo_rewards, realism_metrics,
+                                       rlftsim_reward)
 from mmrl.tasks.driving.rift_sim import (GAMMA, HORIZON_STEPS, REWARD_TERMS, CandidateReturns, Episode,
                                          TrafficState, candidate_lattice, candidate_returns, closed_loop_episode,
                                          features, make_state, poses_from_xy, rule_based_episode, simulate)
 
-TRAFFIC_REWARDS = ("rift", "rlftsim")
-"""The rewards of ``driving/rift-v0`` (task arg ``reward``): RIFT's dense return, RLFTSim's realism reward."""
+TRAFFIC_REWARDS = ("rift", "rlftsim", "rlftsim_mloo")
+"""The rewards of ``driving/rift-v0`` (task arg ``reward``): RIFT's dense return, RLFTSim's realism reward of one
+rollout, and RLFTSim's leave-one-out (MLOO) credit over a state's sampled rollouts."""
 
 
 @dataclass(frozen=True)
@@ -64,11 +71,12 @@ class RiftConfig:
     state (off-log coverage, see ``rift_sim.make_state``); 0 gives rule-based states only."""
     explore_lateral: bool = True
     """Exploration also picks candidates of the other reference lines (lane shifts), not only speeds."""
-    reward: Literal["rift", "rlftsim"] = "rift"
+    reward: Literal["rift", "rlftsim", "rlftsim_mloo"] = "rift"
     """``rift``: RIFT's discounted dense return (Chen et al. 2025); ``rlftsim``: RLFTSim's realism reward against
-    the rule-based log (Ahmadi et al. 2026, INFERRED; :func:`mmrl.tasks.driving.realism.rlftsim_reward`)."""
+    the rule-based log (Ahmadi et al. 2026, INFERRED; :func:`mmrl.tasks.driving.realism.rlftsim_reward`);
+    ``rlftsim_mloo``: its leave-one-out credit over a state's sampled rollouts (:func:`~mmrl.tasks.driving.realism.mloo_rewards`)."""
     rlftsim: RlftsimWeights = field(default_factory=RlftsimWeights)
-    """Weights and scales of the ``rlftsim`` reward (unused by ``rift``)."""
+    """Weights and scales of the ``rlftsim`` / ``rlftsim_mloo`` rewards (unused by ``rift``)."""
 
     def __post_init__(self) -> None:
         if self.reward not in TRAFFIC_REWARDS:
@@ -111,8 +119,10 @@ def _floor(reason: str) -> RewardResult:
 RLFTSIM_COMPONENTS = ("w1_speed", "w1_accel", "w1_jerk", "fidelity", "goal", "goal_dist")
 
 
-def _rlftsim_zero(reason: str) -> RewardResult:
-    return RewardResult(0.0, {k: 0.0 for k in (*RLFTSIM_COMPONENTS, "collision", "offroad", "progress")}, reason)
+def _rlftsim_zero(reason: str, floor: float = 0.0) -> RewardResult:
+    """An unusable output under ``rlftsim`` (scores 0) or ``rlftsim_mloo`` (scores −1, with an ``mloo`` component)."""
+    names = (*RLFTSIM_COMPONENTS, "collision", "offroad", "progress") + (("mloo",) if floor < 0 else ())
+    return RewardResult(floor, {k: floor if k == "mloo" else 0.0 for k in names}, reason)
 
 
 class RiftTask:
@@ -124,7 +134,8 @@ class RiftTask:
         if cfg.train_pool < 1:
             raise ValueError(f"train_pool must be >= 1, got {cfg.train_pool}")
         self.cfg = cfg
-        self.reward_range = (RETURN_FLOOR, float(math.ceil(RETURN_MAX))) if cfg.reward == "rift" else (0.0, 1.0)
+        self.reward_range = {"rift": (RETURN_FLOOR, float(math.ceil(RETURN_MAX))), "rlftsim": (0.0, 1.0),
+                             "rlftsim_mloo": (-1.0, 1.0)}[cfg.reward]
         self._examples: OrderedDict[tuple[str, int], RiftExample] = OrderedDict()
         self._returns: OrderedDict[tuple[str, int], CandidateReturns] = OrderedDict()
         self._logs: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()
@@ -195,17 +206,37 @@ class RiftTask:
     def reward(self, example: RiftExample, output: object) -> RewardResult:
         poses, reason = self.trajectory(example, output)
         if poses is None:
-            return _floor(reason) if self.cfg.reward == "rift" else _rlftsim_zero(reason)
+            return _floor(reason) if self.cfg.reward == "rift" else _rlftsim_zero(reason, self.reward_range[0])
         r, i = self.outcome(example, output, poses)
         outcomes = {"collision": float(r.collision[i]), "offroad": float(r.offroad[i]),
                     "progress": float(r.progress[i])}
         info = "collision" if r.collision[i] else "off-road" if r.offroad[i] else ""
-        if self.cfg.reward == "rlftsim":
+        if self.cfg.reward in ("rlftsim", "rlftsim_mloo"):
             score, parts = rlftsim_reward(poses, self.log(example), bool(r.collision[i]), bool(r.offroad[i]), SIM_DT,
                                           self.cfg.rlftsim)
-            return RewardResult(score, parts | outcomes, info)
+            mloo = {"mloo": score} if self.cfg.reward == "rlftsim_mloo" else {}  # a set of one: M of the rollout
+            return RewardResult(score, parts | outcomes | mloo, info)
         components = {k: float(v[i]) for k, v in r.terms.items()} | outcomes
         return RewardResult(float(np.clip(r.total[i], *self.reward_range)), components, info)
+
+    def reward_batch(self, examples: Sequence[RiftExample], outputs: Sequence[object]) -> list[RewardResult]:
+        """Every row's reward; with ``rlftsim_mloo`` the usable rows of one state are scored together (MLOO)."""
+        results = [self.reward(e, o) for e, o in zip(examples, outputs)]
+        if self.cfg.reward != "rlftsim_mloo":
+            return results
+        sets: dict[int, list[tuple[int, np.ndarray]]] = {}
+        for row, (example, output) in enumerate(zip(examples, outputs)):
+            poses, _ = self.trajectory(example, output)
+            if poses is not None:  # unusable rows keep their floor and stay out of the set
+                sets.setdefault(id(example), []).append((row, poses))
+        for members in sets.values():
+            example, rows = examples[members[0][0]], [row for row, _ in members]
+            credit = mloo_rewards([poses for _, poses in members], self.log(example),
+                                  [results[r].components["collision"] > 0 for r in rows],
+                                  [results[r].components["offroad"] > 0 for r in rows], SIM_DT, self.cfg.rlftsim)
+            for r, c in zip(rows, credit):
+                results[r] = RewardResult(float(c), results[r].components | {"mloo": float(c)}, results[r].info)
+        return results
 
     def metrics(self, examples: Sequence[RiftExample], outputs: Sequence[object],
                 results: Sequence[RewardResult]) -> dict[str, float]:

@@ -20,7 +20,7 @@ The task of ``driving/rift-v0`` (:mod:`mmrl.tasks.driving.rift`: the same candid
 - **Reward**: RIFT's dense terms (:func:`mmrl.tasks.driving.rift_sim.dense_terms`) on highway-env's
   verdicts, the lane alignment measured to the nearest highway-env lane centre; or, with ``reward:
   rlftsim``, RLFTSim's realism reward against the log (the CBV as highway-env's own IDM vehicle from the
-  same state, everyone reacting).
+  same state, everyone reacting), or with ``rlftsim_mloo`` its leave-one-out credit over sampled rollouts.
 - **Splits**: ``train`` (seeds 0..``train_pool``−1 of its seed block), ``test`` (fresh seeds) and ``ood``
   (``ood_scene`` only), with disjoint highway-env seed blocks as in ``driving/laviplan-highway-v0``.
 
@@ -74,10 +74,11 @@ class RiftHighwayConfig:
     """States (with their simulated candidates) kept in memory outside the train pool."""
     radius: float = 80.0
     """Vehicles farther than this (m) from the CBV at the state are left out of the simulation."""
-    reward: Literal["rift", "rlftsim"] = "rift"
-    """``rift``: RIFT's discounted dense return; ``rlftsim``: RLFTSim's realism reward against the log."""
+    reward: Literal["rift", "rlftsim", "rlftsim_mloo"] = "rift"
+    """``rift``: RIFT's discounted dense return; ``rlftsim``: RLFTSim's realism reward against the log;
+    ``rlftsim_mloo``: its leave-one-out credit over a state's sampled rollouts (as ``driving/rift-v0``)."""
     rlftsim: RlftsimWeights = field(default_factory=RlftsimWeights)
-    """Weights and scales of the ``rlftsim`` reward (unused by ``rift``)."""
+    """Weights and scales of the RLFTSim rewards (unused by ``rift``)."""
 
     def __post_init__(self) -> None:
         if self.reward not in TRAFFIC_REWARDS:

@@ -145,3 +145,45 @@ def test_recipe_loads_with_rifts_start():
     assert dataclasses.replace(rl.task.args, reward="rift") == rift.task.args  # the same states and traffic
     assert rl.policy == rift.policy and rl.warm_start == rift.warm_start
     assert rl.algo == rift.algo and rl.trainer == rift.trainer and rl.eval == rift.eval
+
+
+def test_meta_metric_and_mloo_golden():
+    """Two rollouts of one state: the log itself and one 4 m/s faster (hand-computed values in the comments)."""
+    log, fast = speed_track([8.0] * 41), speed_track([12.0] * 41)
+    w = RlftsimWeights()
+    # M({fast}): W1 speed 4 → 0.2·e^−4; accel, jerk match; no collision, on road: fidelity 0.80366;
+    # goal: ends 16 m beyond the log's end → e^(−16/5); M = 0.8·fidelity + 0.2·goal
+    alone = 0.8 * (0.2 * math.exp(-4) + 0.15 + 0.15 + 0.3 + 0.2) + 0.2 * math.exp(-16 / 5)
+    assert realism.meta_metric([fast], log, [False], [False], SIM_DT, w) == pytest.approx(alone)
+    assert realism.meta_metric([fast], log, [False], [False], SIM_DT, w) == pytest.approx(
+        rlftsim_reward(fast, log, False, False, SIM_DT, w)[0])  # a set of one is the per-rollout reward
+    # M({log, fast}): pooled speeds half 8, half 12 → W1 2; goal mean of 1 and e^(−16/5)
+    both = 0.8 * (0.2 * math.exp(-2) + 0.8) + 0.2 * (1 + math.exp(-16 / 5)) / 2
+    credit = realism.mloo_rewards([log, fast], log, [False, False], [False, False], SIM_DT, w)
+    assert credit == pytest.approx([both - alone, both - 1.0])
+    assert realism.meta_metric([], log, [], [], SIM_DT, w) == 0.0
+    # a collision in the set: the rollout that avoids it earns the collision weight's share
+    c = realism.mloo_rewards([log, log], log, [False, True], [False, False], SIM_DT, w)
+    assert c[0] - c[1] == pytest.approx(0.8 * 0.3)
+
+
+def test_mloo_scores_a_states_sampled_rows_together():
+    """reward_batch: rows of one state form a set (leave-one-out credit), unusable rows score −1 and stay out;
+    a row scored alone gets the rlftsim score (greedy evaluation)."""
+    mloo = make_task("driving/rift-v0", {"train_pool": 8, "reward": "rlftsim_mloo"})
+    plain = make_task("driving/rift-v0", {"train_pool": 8, "reward": "rlftsim"})
+    a, b = mloo.sample_batch("test", 2, np.random.default_rng(3))
+    rows, outputs = [a, a, a, b, b], [0, 7, 99, 3, 3]
+    results = mloo.reward_batch(rows, outputs)
+    assert mloo.reward_range == (-1.0, 1.0)
+    assert results[2].score == -1.0 and "out of range" in results[2].info
+    log = mloo.log(a)
+    want = realism.mloo_rewards([a.candidates[0], a.candidates[7]], log,
+                                [results[0].components["collision"] > 0, results[1].components["collision"] > 0],
+                                [results[0].components["offroad"] > 0, results[1].components["offroad"] > 0],
+                                SIM_DT, RlftsimWeights())
+    assert [results[0].score, results[1].score] == pytest.approx(want)
+    assert results[3].score == pytest.approx(results[4].score)  # identical rollouts earn the same credit
+    assert all(-1.0 <= r.score <= 1.0 and r.components["mloo"] == r.score for r in results)
+    assert mloo.reward(a, 7).score == pytest.approx(plain.reward(a, 7).score)
+    assert plain.reward_batch(rows, outputs)[1].score == plain.reward(a, 7).score  # other rewards: row by row
