@@ -185,3 +185,26 @@ def test_no_video_driver_is_needed():
     env = {k: v for k, v in os.environ.items() if k != "DISPLAY"} | {"SDL_VIDEODRIVER": "x11", "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_short_run_and_its_closed_loop_evaluation_with_a_gif(tmp_path, monkeypatch):
+    """The recipe trains end to end on a few states, and ``rift_eval`` drives its start and its checkpoint closed
+    loop in highway-env (test and ood splits), writing the JSON and a before/after GIF."""
+    import json
+
+    from mmrl.core.trainer import train
+    from mmrl.tasks.driving import rift_eval
+
+    monkeypatch.setenv("MMRL_CACHE", str(tmp_path / "cache"))
+    cfg = load_config("configs/rift/highway_tiny_cpu.yaml", [
+        "log.progress=false", "log.tensorboard=false", "task.args.train_pool=4", "warm_start.sft_steps=5",
+        "warm_start.batch_size=4", "rollout.prompts_per_step=2", "trainer.steps=2", "trainer.ppo_epochs=1",
+        "trainer.minibatches=1", "eval.every=2", "eval.num_examples=2", "checkpoint.every=2"])
+    run = train(cfg, tmp_path / "run")
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert "eval/ood/collision_rate" in rows[-1] and "eval/realism_w1_speed" in rows[-1]
+    results = rift_eval.main(["--run", str(run), "--splits", "test,ood", "--episodes", "3", "--json",
+                              str(tmp_path / "cl.json"), "--gif", str(tmp_path / "rift.gif")])
+    assert set(results) == {"test", "ood"} and set(results["ood"]) == {"imitation", "rift"}
+    assert results["test"]["rift"]["episodes"] >= 1
+    assert json.loads((tmp_path / "cl.json").read_text())["test"]["imitation"]["log_collision_rate"] >= 0
