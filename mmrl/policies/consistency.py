@@ -38,9 +38,13 @@ class NoiseLevels:
     """The consistency head's noise range and discretisation (defaults: Song et al. 2023 / EDM)."""
 
     sigma_min: float = 0.002
+    """σ_min: the boundary level, where f is the identity (Song et al. 2023: 0.002)."""
     sigma_max: float = 80.0
+    """σ_max: the level a one-step draw starts from (EDM: 80; actions live in [−1, 1])."""
     sigma_data: float = 0.5
+    """σ_d: the data's scale in the EDM scalings and the loss weight (EDM: 0.5)."""
     rho: float = 7.0
+    """ρ of the Karras discretisation (EDM: 7)."""
     levels: int = 40
     """N, the Karras discretisation's levels (ConRFT / CPQL: 40)."""
 
@@ -126,7 +130,7 @@ class ConsistencyHead(nn.Module):
         index = torch.randint(self.levels.levels - 1, (actions.shape[0],), generator=generator)
         sigma = sigmas[index].to(device=h.device, dtype=torch.float32)
         noise = torch.randn(actions.shape, generator=generator).to(h.device)
-        target = actions.float()
+        target = actions.to(h.device).float()
         denoised = self(target + noise * sigma[:, None], sigma, h)
         return consistency_bc_loss(denoised, target, sigma, self.levels.sigma_data), sigma
 

@@ -54,9 +54,8 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from mmrl.core.contracts import Policy, PolicyOutput
-from mmrl.core.rollout import derive_seed
+from mmrl.core.rollout import Rollout, SamplingParams, derive_seed
 from mmrl.policies.consistency import ConsistencyHead, NoiseLevels
-from mmrl.core.rollout import Rollout, SamplingParams
 from mmrl.samplers.gym_runner import EpisodeBatch, GymRunner
 
 WEIGHTS_FILE = "model.safetensors"
