@@ -31,6 +31,12 @@ def key_before_vision_pretraining(cfg) -> str:
         del policy["args"]["share_prompts_under_checkpointing"]
     if policy["args"].get("squash") == "none":  # and the VLA's tanh squashing, at its default
         del policy["args"]["squash"]
+    from mmrl.policies.consistency import NoiseLevels
+
+    for key, default in (("consistency_levels", to_dict(NoiseLevels())), ("consistency_steps", 1),
+                         ("consistency_width", 128)):  # and the VLA's consistency head settings, at their defaults
+        if key in policy["args"] and policy["args"][key] == default:
+            del policy["args"][key]
     if cfg.task.name == "driving/rift-v0":  # as did RLFTSim's reward: each left out at its default
         from mmrl.tasks.driving.realism import RlftsimWeights
 

@@ -21,9 +21,10 @@ import yaml
 from mmrl.algos import (ADVANTAGE_ESTIMATORS, AGGREGATIONS, GAUSSIAN_KL_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES,
                         SHAPING_HOOKS)
 from mmrl.algos.config import AlgoConfig
-from mmrl.algos.offpolicy import OFFPOLICY_LEARNERS
+from mmrl.algos.offpolicy import LEARNERS_WITHOUT_LOGPROB, OFFPOLICY_LEARNERS
 from mmrl.algos.variants import (LOSS_TERMS, PROMPT_SELECTORS, REHEARSAL_DIVERGENCES, ROLLOUT_STRATEGIES,
                                  TEMPERATURE_SCHEDULES, algo_needs, validate_extra)
+from mmrl.core.contracts import LogprobFreeConfig
 from mmrl.core.paths import recipes_dir
 from mmrl.core.typed import ConfigError, build, to_dict
 
@@ -487,6 +488,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         if a.policy_loss != "none":
             problems.append(f"algo.offpolicy: {a.offpolicy} trains the policy with its own actor loss: set "
                             f"algo.policy_loss: none (got {a.policy_loss})")
+    if isinstance(policy_args, LogprobFreeConfig):
+        problems += logprob_free_problems(cfg, policy_args.decisions_without_logprob())
     if not 0 <= cfg.rollout.reference_rows < cfg.rollout.group_size:
         problems.append(f"rollout.reference_rows must be in 0..group_size − 1 ({cfg.rollout.group_size - 1}), "
                         f"got {cfg.rollout.reference_rows}: at least one row per group is sampled")
@@ -546,6 +549,26 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise ConfigError("invalid config: " + "; ".join(problems))
     return dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, args=task_args),
                                policy=dataclasses.replace(cfg.policy, args=policy_args))
+
+
+def logprob_free_problems(cfg: TrainConfig, reason: str | None) -> list[str]:
+    """What a recipe asks of a policy without log-probabilities (``reason`` names why; None: it has them)
+    that cannot be computed: anything but an off-policy learner that needs no density."""
+    if reason is None:
+        return []
+    a, problems = cfg.algo, []
+    if a.offpolicy not in LEARNERS_WITHOUT_LOGPROB:
+        problems.append(f"{reason}: policy-gradient objectives and SAC-style actors need log π; train it with an "
+                        f"off-policy learner without one (algo.offpolicy: one of {sorted(LEARNERS_WITHOUT_LOGPROB)}, "
+                        f"algo.policy_loss: none), got algo.offpolicy: {a.offpolicy}")
+    if a.loss_terms:
+        problems.append(f"{reason}: algo.loss_terms {list(a.loss_terms)} read log π; remove them")
+    for key in ("kl_coef", "kl_in_reward_coef", "entropy_coef", "bc_coef"):
+        if getattr(a, key) > 0:
+            problems.append(f"{reason}: algo.{key} > 0 needs log π or an entropy; set it to 0")
+    if cfg.trainer.ref_model != "none":
+        problems.append(f"{reason}: a reference policy's log-probs cannot be scored; set trainer.ref_model: none")
+    return problems
 
 
 def stage_problems(stages: tuple[StageConfig, ...]) -> list[str]:

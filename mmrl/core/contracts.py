@@ -185,6 +185,16 @@ class HintedTask(Protocol):
         ...
 
 
+@runtime_checkable
+class LogprobFreeConfig(Protocol):
+    """A policy config that may describe a policy whose decisions have no log-probability (the ``vla``
+    policy's consistency head). ``decisions_without_logprob()`` says why (a sentence naming the key), or None
+    when log π exists. The recipe loader then accepts only off-policy learners that need no density and
+    refuses everything that reads log π (policy-gradient losses, KL / entropy terms, a reference policy)."""
+
+    def decisions_without_logprob(self) -> str | None: ...
+
+
 @dataclass
 class PolicyOutput:
     """What a re-scoring forward returns, aligned with ``rollout.mask``."""

@@ -15,6 +15,12 @@ Action heads (``action_head``):
   With ``squash: tanh`` (SAC's bounded actions, Haarnoja et al. 2018, app. C) the sample u of that
   Gaussian is executed as a = tanh(u) ∈ (−1, 1) and log π(a) = Σ_dims [log N(u) − log(1 − tanh²(u))];
   the payload stores u, so re-scoring is exact (no atanh of a saturated action).
+- ``consistency``: a consistency-model head (:mod:`mmrl.policies.consistency`; ConRFT, seed #90):
+  a = f_θ(σ_max z, σ_max, h) in ``consistency_steps`` evaluations from Gaussian noise, a deterministic,
+  differentiable function of (h, z) with **no log-probability**. It trains by behaviour cloning
+  (``sft_loss``: the consistency BC loss) and by off-policy learners that need no density
+  (``algo.offpolicy: conrft``); the on-policy objectives are refused when the recipe is loaded
+  (:meth:`VLAConfig.decisions_without_logprob`). The rollout's recorded log-probs are zeros.
 
 A decision is one action chunk of ``chunk`` env steps, executed open loop (action chunking,
 Zhao et al. 2023). The value head reads the same pre-action features ``h`` (RL4VLA's value head on
@@ -48,7 +54,8 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from mmrl.core.contracts import Policy, PolicyOutput
-from mmrl.core.rollout import Rollout, SamplingParams
+from mmrl.core.rollout import Rollout, SamplingParams, derive_seed
+from mmrl.policies.consistency import ConsistencyHead, NoiseLevels
 from mmrl.samplers.gym_runner import EpisodeBatch, GymRunner
 
 WEIGHTS_FILE = "model.safetensors"
@@ -63,8 +70,9 @@ saturated expert actions (±1, 68 % of reach's labels) would otherwise have an i
 class VLAConfig:
     action_dims: int = 2
     """Action dimensions of the env (reach/push: 2 end-effector deltas; pick-and-place: 4 with grip)."""
-    action_head: Literal["tokens", "gaussian"] = "tokens"
-    """Discretised action tokens (OpenVLA) or a Gaussian chunk head with a learned σ (VLA-RFT)."""
+    action_head: Literal["tokens", "gaussian", "consistency"] = "tokens"
+    """Discretised action tokens (OpenVLA), a Gaussian chunk head with a learned σ (VLA-RFT) or a consistency
+    model of the chunk (ConRFT; no log-probability: off-policy learners only)."""
     bins: int = 256
     """Bins per action dimension of the token head (OpenVLA: 256)."""
     chunk: int = 1
@@ -88,6 +96,12 @@ class VLAConfig:
     squash: Literal["none", "tanh"] = "none"
     """Gaussian head: execute the sample as is (clipped to [−1, 1] by the env step) or as tanh(sample)
     with the change-of-variables term in log π (SAC's bounded actions)."""
+    consistency_levels: NoiseLevels = field(default_factory=NoiseLevels)
+    """Consistency head: σ_min, σ_max, σ_data, ρ and the N training levels (Song et al. 2023 / EDM defaults)."""
+    consistency_steps: int = 1
+    """Consistency head: network evaluations per sampled decision (1: one-step generation)."""
+    consistency_width: int = 128
+    """Consistency head: hidden width of F_θ (INFERRED for the tiny VLA)."""
     max_decisions: int = 50
     """Decisions per episode at most (the env's time limit usually ends it first)."""
     num_envs: int = 32
@@ -101,6 +115,13 @@ class VLAConfig:
     pretrained: str | None = None
     """A folder written by ``save_pretrained`` (e.g. by ``mmrl bc``) to start from."""
 
+    def decisions_without_logprob(self) -> str | None:
+        """Why this head's decisions have no log-probability (the consistency head), else None: the recipe
+        loader then refuses every objective that reads log π (:class:`mmrl.core.contracts.LogprobFreeConfig`)."""
+        if self.action_head == "consistency":
+            return "policy.args.action_head: consistency samples actions without a log-probability"
+        return None
+
 
 def tanh_log_abs_det(u: Tensor) -> Tensor:
     """log |d tanh(u)/du| = log(1 − tanh²(u)) = 2 (log 2 − u − softplus(−2u)), elementwise and stable for
@@ -112,6 +133,13 @@ def squashed_entropy_estimate(gaussian_entropy: Tensor, u: Tensor) -> Tensor:
     """H[tanh(u)] = H[u] + E[log(1 − tanh²(u))] has no closed form: this is its one-sample estimate at the
     stored samples ``u`` [B, D] (``gaussian_entropy`` [B], the Gaussian's summed entropy) → [B]."""
     return gaussian_entropy + tanh_log_abs_det(u).sum(-1)
+
+
+def unscored_logprob(h: Tensor) -> Tensor:
+    """The consistency head's stand-in for log π in :meth:`VLAPolicy.forward`: zeros [B], kept in the graph
+    (0 · Σ h) so the trainer's zero policy-gradient term of an off-policy run backpropagates like any other
+    head's. Objectives that would read it are refused when the recipe is loaded."""
+    return h.float().sum(-1) * 0.0
 
 
 def instruction_ids(texts: Sequence[str], buckets: int) -> tuple[Tensor, Tensor]:
@@ -215,7 +243,13 @@ class VLAPolicy(Policy):
         if cfg.squash not in ("none", "tanh") or (cfg.squash == "tanh" and cfg.action_head != "gaussian"):
             raise ValueError(f"policy.args.squash must be 'none' or 'tanh' (tanh with action_head: gaussian only), "
                              f"got squash {cfg.squash!r} with action_head {cfg.action_head!r}")
+        levels = cfg.consistency_levels
+        if not (0 < levels.sigma_min < levels.sigma_max and levels.sigma_data > 0 and levels.levels >= 2
+                and cfg.consistency_steps >= 1):
+            raise ValueError(f"policy.args.consistency_levels needs 0 < sigma_min < sigma_max, sigma_data > 0, "
+                             f"levels >= 2 and consistency_steps >= 1; got {levels}, steps {cfg.consistency_steps}")
         self.cfg = cfg
+        self.bc_draws = 0  # consistency BC draws so far: seeds its noise (no global RNG)
         layers, width = [], 3
         for i, out in enumerate(cfg.channels):
             k, s = (5, 2) if i == 0 else (3, 2 if i == 1 else 1)
@@ -230,6 +264,8 @@ class VLAPolicy(Policy):
         outputs = cfg.chunk * cfg.action_dims
         if cfg.action_head == "tokens":
             self.action_logits = nn.Linear(cfg.hidden, outputs * cfg.bins)
+        elif cfg.action_head == "consistency":
+            self.consistency = ConsistencyHead(cfg.hidden, outputs, cfg.consistency_width, cfg.consistency_levels)
         else:
             self.action_mean = nn.Linear(cfg.hidden, outputs)
             self.action_log_std = nn.Linear(cfg.hidden, outputs)  # the σ-network
@@ -300,6 +336,9 @@ class VLAPolicy(Policy):
         ``actions`` are the pre-squash samples u (what the payload stores) and log π is the density of the
         executed tanh(u); the entropy is :func:`squashed_entropy_estimate` at u.
         """
+        if self.cfg.action_head == "consistency":
+            raise ValueError(f"{self.cfg.decisions_without_logprob()}: log π cannot be scored (use an off-policy "
+                             f"learner without one, algo.offpolicy: conrft)")
         tau = temperature if temperature > 0 else 1.0
         if self.cfg.action_head == "tokens":
             logits = self.action_logits(h).view(h.shape[0], -1, self.cfg.bins).float() / tau
@@ -325,20 +364,25 @@ class VLAPolicy(Policy):
                 return logits.argmax(-1)
             probs = F.softmax(logits / temperature, -1)
             return torch.multinomial(probs.view(-1, self.cfg.bins).cpu(), 1, generator=generator).view(probs.shape[:2])
+        if self.cfg.action_head == "consistency":  # τ scales the noise; τ = 0 starts from its mode
+            return self.consistency.sample(h, self.cfg.consistency_steps, generator, temperature)
         mean = self.action_mean(h).float()
         if temperature == 0:
             return mean
         noise = torch.randn(mean.shape, generator=generator).to(mean.device)
         return mean + temperature * self.log_std(h).float().exp() * noise
 
-    def rsample_actions(self, h: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    def rsample_actions(self, h: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor | None]:
         """Reparameterised decisions ã = μ(h) + σ(h)·ε, ε ~ N(0, I) from ``generator``, and log π(ã | h)
         (τ = 1): [B, chunk·A] and [B], both differentiable in the policy's parameters (SAC's actor update,
         Haarnoja et al. 2018, eq. 11). With ``squash: tanh`` the decision is the executed tanh(ã) and log π
-        its density (eq. 21 of the same paper). The Gaussian head only: token actions have no
-        reparameterisation."""
+        its density (eq. 21 of the same paper). The consistency head: its one- or few-step sample
+        f_θ(σ_max z, σ_max, h) (differentiable in θ) and None: a deterministic actor of (h, z) without a density.
+        Token actions have no reparameterisation."""
+        if self.cfg.action_head == "consistency":
+            return self.consistency.sample(h, self.cfg.consistency_steps, generator), None
         if self.cfg.action_head != "gaussian":
-            raise ValueError(f"off-policy actor updates need policy.args.action_head: gaussian (got "
+            raise ValueError(f"off-policy actor updates need policy.args.action_head: gaussian or consistency (got "
                              f"{self.cfg.action_head!r}: discrete action tokens cannot be reparameterised)")
         mean, log_std = self.action_mean(h).float(), self.log_std(h).float()
         noise = torch.randn(mean.shape, generator=generator).to(mean.device)
@@ -385,7 +429,8 @@ class VLAPolicy(Policy):
             ids, _ = instruction_ids(instructions, self.cfg.vocab_buckets)
             h = self.features(torch.from_numpy(images), torch.from_numpy(proprio), ids)
             decision = self.sample_actions(h, sampling.temperature, generator)
-            logp, _ = self.action_logprob(h, decision, sampling.temperature)
+            logp = (torch.zeros(len(decision)) if self.cfg.action_head == "consistency"  # no density: recorded 0
+                    else self.action_logprob(h, decision, sampling.temperature)[0])
             record = {"decision": decision.cpu().numpy(), "logp": logp.cpu().numpy()}
             if self.value is not None:
                 record["value"] = self.value(h).squeeze(-1).float().cpu().numpy()
@@ -410,8 +455,11 @@ class VLAPolicy(Policy):
         rows, steps = p.mask.nonzero(as_tuple=True)  # the real decisions, [B] each
         n, t = p.mask.shape
         h = self.features(p.images[rows, steps], p.proprio[rows, steps], p.instruction_ids[rows])
-        logp_flat, entropy_flat = self.action_logprob(h, p.actions[rows, steps].to(self.device), p.temperature,
-                                                      with_entropy)
+        if self.cfg.action_head == "consistency":
+            logp_flat, entropy_flat = unscored_logprob(h), None
+        else:
+            logp_flat, entropy_flat = self.action_logprob(h, p.actions[rows, steps].to(self.device), p.temperature,
+                                                          with_entropy)
 
         def scatter(flat: Tensor) -> Tensor:  # [B] → [N, T], zeros at padding
             out = torch.zeros(n, t, device=flat.device, dtype=flat.dtype)
@@ -445,9 +493,21 @@ class VLAPolicy(Policy):
         ids = torch.cat([F.pad(x, (0, width - x.shape[1])) for x in ids])
         h = self.features(torch.cat(images), torch.cat(proprio), ids)
         target = torch.cat(chunks).to(self.device)
+        if self.cfg.action_head == "consistency":
+            return self.consistency_bc_loss(h, target.clamp(-1, 1))
         if self.cfg.action_head == "tokens":
             target = tokenize_actions(target, self.cfg.bins)
         elif self.cfg.squash == "tanh":  # the pre-squash sample that executes the expert's action
             target = torch.atanh(target.clamp(-1 + BC_TANH_MARGIN, 1 - BC_TANH_MARGIN))
         logp, _ = self.action_logprob(h, target, 1.0)
         return -logp.mean() / target.shape[1]
+
+    def consistency_bc_loss(self, h: Tensor, actions: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        """The consistency head's BC loss (:meth:`ConsistencyHead.bc_loss`) of ``actions`` [B, chunk·A] under
+        features ``h``, averaged over rows. Without a ``generator`` the noise is seeded by ``init_seed`` and the
+        number of earlier such draws (behaviour cloning's ``sft_loss``; no global RNG)."""
+        if generator is None:
+            generator = torch.Generator().manual_seed(derive_seed(self.cfg.init_seed, 90, self.bc_draws))
+            self.bc_draws += 1
+        return self.consistency.bc_loss(h, actions, generator)[0].mean()
+

@@ -18,7 +18,8 @@ Pieces shared by the family:
 
 Learners: ``wsrl`` (WSRL, seed #57: Cal-QL offline → warm-up rollouts → online SAC without offline data);
 ``co_rft`` (CO-RFT, seed #97: chunked TD over whole action chunks, γ per env step, offline on demonstrations,
-then fine-tuning on a buffer that keeps them).
+then fine-tuning on a buffer that keeps them); ``conrft`` (ConRFT, seed #90: a consistency-policy actor, Cal-QL +
+consistency BC offline, then Q-learning with a decaying BC weight online).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from collections.abc import Callable
 from mmrl.algos.hooks import LOSS_HOOKS, ROLLOUT_HOOKS, HookContext, HookSpec, LossHook
 from mmrl.algos.offpolicy.buffer import TransitionBuffer, Transitions, chunked_return_to_go, discounted_return_to_go
 from mmrl.algos.offpolicy.co_rft import CORFT, CORFTParams
+from mmrl.algos.offpolicy.conrft import ConRFT, ConRFTParams
 from mmrl.algos.offpolicy.episodes import (Episode, episode_from_demonstration, episodes_from_rollout, read_episodes,
                                            write_episodes)
 from mmrl.algos.offpolicy.formulas import (actor_loss, calql_penalty, chunk_td_target, polyak_update, td_target,
@@ -40,12 +42,16 @@ from mmrl.core.registry import Registry
 OFFPOLICY_LEARNERS: Registry[Callable[[HookContext], LossHook]] = Registry("off-policy learner")
 OFFPOLICY_LEARNERS.register("wsrl", WSRL)
 OFFPOLICY_LEARNERS.register("co_rft", CORFT)
+OFFPOLICY_LEARNERS.register("conrft", ConRFT)
+LEARNERS_WITHOUT_LOGPROB = frozenset({"conrft"})
+"""Learners whose actor needs no log π (a deterministic actor such as the consistency head): the only ones a
+policy without log-probabilities may train with (checked when the recipe is loaded)."""
 
 LOSS_HOOKS.register("offpolicy", HookSpec(lambda cfg: cfg.algo.offpolicy is not None,
                                           lambda ctx: OFFPOLICY_LEARNERS.get(ctx.cfg.algo.offpolicy)(ctx)))
 ROLLOUT_HOOKS.register("episode_log", HookSpec(lambda cfg: cfg.rollout.log_episodes, EpisodeLog))
 
-__all__ = ["OFFPOLICY_LEARNERS", "CORFT", "WSRL", "ActorCritic", "CORFTParams", "ContinuousActor", "CriticSettings", "Episode", "EpisodeLog",
+__all__ = ["OFFPOLICY_LEARNERS", "LEARNERS_WITHOUT_LOGPROB", "CORFT", "ConRFT", "ConRFTParams", "WSRL", "ActorCritic", "CORFTParams", "ContinuousActor", "CriticSettings", "Episode", "EpisodeLog",
            "TransitionBuffer", "Transitions", "WSRLParams", "actor_loss", "calql_penalty", "chunk_td_target", "chunked_return_to_go", "discounted_return_to_go",
            "episode_from_demonstration", "episodes_from_rollout", "polyak_update", "read_episodes",
            "read_logged_episodes", "td_target", "temperature_loss", "write_episodes"]

@@ -85,15 +85,29 @@ class RecordedDemonstration(Protocol):
     success: bool
 
 
-def episode_from_demonstration(demo: RecordedDemonstration, instruction_ids: np.ndarray, chunk: int) -> Episode:
+@runtime_checkable
+class LabelledDemonstration(RecordedDemonstration, Protocol):
+    """A recorded demonstration that also keeps the expert's clean action labels (DART: the executed action is
+    the label plus noise; ``mmrl.tasks.robot.Demonstration`` has both)."""
+
+    actions: np.ndarray  # [T, A] the expert's label at each visited state
+
+
+def episode_from_demonstration(demo: RecordedDemonstration, instruction_ids: np.ndarray, chunk: int,
+                               expert_labels: bool = False) -> Episode:
     """Env steps → decisions of ``chunk`` steps: the observation at each chunk's first step, the chunk's
     executed actions concatenated (the last one repeated past the end, as the runner pads an episode that
     ends mid-chunk), its rewards summed and kept per step (``chunk_rewards``, 0 past the end).
-    ``instruction_ids``: the instruction as the policy hashes it."""
+    ``instruction_ids``: the instruction as the policy hashes it. ``expert_labels``: the expert's clean labels
+    instead of the executed actions (behaviour-cloning data; the demonstration must be a
+    :class:`LabelledDemonstration`)."""
+    if expert_labels and not isinstance(demo, LabelledDemonstration):
+        raise ValueError(f"expert labels asked of a demonstration without them ({type(demo).__name__} has no "
+                         f"'actions')")
     steps = len(demo.rewards)
     starts = np.arange(0, steps, chunk)
     index = np.minimum(starts[:, None] + np.arange(chunk)[None], steps - 1)  # [T, chunk]
-    executed = np.asarray(demo.executed_actions, dtype=np.float32)
+    executed = np.asarray(demo.actions if expert_labels else demo.executed_actions, dtype=np.float32)
     per_step = np.asarray(demo.rewards, dtype=np.float32)
     in_chunk = np.pad(per_step, (0, len(starts) * chunk - steps)).reshape(len(starts), chunk)
     return Episode(np.asarray(demo.images)[starts], np.asarray(demo.proprio, dtype=np.float32)[starts],

@@ -48,8 +48,8 @@ def chunk_td_target(chunk_rewards: Tensor, terminal: Tensor, next_q: Tensor, nex
     return (chunk_rewards * discounts).sum(1) + gamma ** c * (1.0 - terminal) * soft_value
 
 
-def calql_penalty(q_data: Tensor, q_random: Tensor, q_policy: Tensor, logp_policy: Tensor, q_next_policy: Tensor,
-                  logp_next_policy: Tensor, mc_returns: Tensor | None, action_dims: int,
+def calql_penalty(q_data: Tensor, q_random: Tensor, q_policy: Tensor, logp_policy: Tensor | None,
+                  q_next_policy: Tensor, logp_next_policy: Tensor | None, mc_returns: Tensor | None, action_dims: int,
                   temperature: float = 1.0) -> tuple[Tensor, dict[str, Tensor]]:
     """Cal-QL's calibrated conservative regulariser, per ensemble member (Nakamoto et al. 2023, "Cal-QL:
     Calibrated Offline RL Pre-Training for Efficient Online Fine-Tuning", eq. 5.2 / Alg. 1; CQL(H), Kumar et
@@ -67,6 +67,13 @@ def calql_penalty(q_data: Tensor, q_random: Tensor, q_policy: Tensor, logp_polic
     pushed-down policy values never go below the reference policy's return; ``mc_returns`` None gives
     plain CQL(H)). The push-down only affects policy actions, as in Cal-QL's reference code.
 
+    A deterministic actor (``logp_policy`` and ``logp_next_policy`` None: no density, e.g. a consistency
+    policy) uses the log-mean-exp without importance weights over the 3N sampled actions and the data action,
+    as the Cal-QL / ConRFT code does with ``cql_importance_sample`` off:
+
+        push-down = τ · log( 1/(3N+1) · [ Σ_{a ∈ 𝒜_s} exp(q̃(s, a)/τ) + exp(Q(s, a_D)/τ) ] ),
+        q̃ = Q (uniform), max(Q, V^μ) (policy actions)
+
     ``q_data``: [E, B] Q of the dataset actions; ``q_random``, ``q_policy``, ``q_next_policy``: [E, B, N];
     ``logp_policy``, ``logp_next_policy``: [B, N] (detached); ``mc_returns``: [B]. Returns R [E] (gradient
     through the Q values) and detached metrics.
@@ -77,9 +84,15 @@ def calql_penalty(q_data: Tensor, q_random: Tensor, q_policy: Tensor, logp_polic
         q_policy, q_next_policy = torch.maximum(q_policy, bound), torch.maximum(q_next_policy, bound)
     else:
         bounded = torch.zeros(())
-    weighted = torch.cat([q_random + action_dims * math.log(2.0), q_next_policy - logp_next_policy[None],
-                          q_policy - logp_policy[None]], dim=2)  # [E, B, 3N]
-    push_down = temperature * torch.logsumexp(weighted / temperature, dim=2)  # [E, B]
+    if logp_policy is None or logp_next_policy is None:
+        if logp_policy is not None or logp_next_policy is not None:
+            raise ValueError("calql_penalty: give both policy log-probs or neither (a deterministic actor)")
+        pooled = torch.cat([q_random, q_next_policy, q_policy, q_data[..., None]], dim=2)  # [E, B, 3N + 1]
+        push_down = temperature * (torch.logsumexp(pooled / temperature, dim=2) - math.log(pooled.shape[2]))
+    else:
+        weighted = torch.cat([q_random + action_dims * math.log(2.0), q_next_policy - logp_next_policy[None],
+                              q_policy - logp_policy[None]], dim=2)  # [E, B, 3N]
+        push_down = temperature * torch.logsumexp(weighted / temperature, dim=2)  # [E, B]
     penalty = push_down.mean(1) - q_data.mean(1)
     return penalty, {"critic/cql_logsumexp": push_down.detach().mean(), "critic/calql_bounded_frac": bounded.detach()}
 

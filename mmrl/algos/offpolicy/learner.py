@@ -11,6 +11,11 @@ term of Cal-QL when ``cql_alpha`` > 0):
    policy: the trainer's optimizer online, an optimizer of the offline phase before the run);
 3. temperature: one step of :func:`temperature_loss` on log α (when auto-tuned).
 
+Learners with an actor objective of their own (ConRFT) call :meth:`ActorCritic.critic_step` and
+:meth:`ActorCritic.q_for_actor` instead. A deterministic actor (``rsample_actions`` returns no log π: the
+consistency head) has no entropy terms: no soft backup, no temperature, and Cal-QL's log-sum-exp without
+importance weights (:func:`calql_penalty` with ``logp_policy`` None).
+
 Every random draw (target members, a' ~ π(s'), CQL's actions, ã) comes from the ``generator`` passed in,
 so an update depends only on the weights, the batch and that seed.
 """
@@ -33,7 +38,7 @@ from mmrl.algos.offpolicy.formulas import (actor_loss, calql_penalty, chunk_td_t
 
 @runtime_checkable
 class ContinuousActor(Protocol):
-    """A policy off-policy learners can train (``VLAPolicy`` with ``action_head: gaussian``)."""
+    """A policy off-policy learners can train (``VLAPolicy`` with ``action_head: gaussian`` or ``consistency``)."""
 
     decision_size: int  # numbers in one decision (chunk · action dims)
     feature_size: int  # width of ``features``
@@ -41,8 +46,8 @@ class ContinuousActor(Protocol):
     def features(self, images: Tensor, proprio: Tensor, instruction: Tensor) -> Tensor:
         ...  # observations → features h [B, F], with gradient
 
-    def rsample_actions(self, h: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-        ...  # reparameterised decisions [B, D] and log π [B]
+    def rsample_actions(self, h: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor | None]:
+        ...  # reparameterised decisions [B, D] and log π [B] (None: a deterministic actor of (h, noise))
 
     def encode_instructions(self, texts: list[str]) -> Tensor:
         ...  # instruction texts → the word ids ``features`` reads [B, L]
@@ -80,7 +85,10 @@ class ActorCritic:
         self.policy, self.s = policy, s
         self.action_size = policy.decision_size
         with torch.no_grad():  # fails now, clearly, for a policy without a reparameterisable head
-            policy.rsample_actions(torch.zeros(1, policy.feature_size), torch.Generator())
+            _, probe_logp = policy.rsample_actions(torch.zeros(1, policy.feature_size), torch.Generator())
+        self.has_logprob = probe_logp is not None
+        if not self.has_logprob and s.backup_entropy:
+            raise ValueError("backup_entropy needs log π(a'|s'): the policy's actor has none (consistency head)")
         self.critic = Critic.from_policy(policy, policy.feature_size, self.action_size, s.ensemble_size, s.width, seed)
         self.target = copy.deepcopy(self.critic).requires_grad_(False)
         self.optimizer = torch.optim.Adam(self.critic.parameters(), lr=s.lr)
@@ -94,11 +102,30 @@ class ActorCritic:
 
     def update(self, batch: Transitions, generator: torch.Generator, cql_alpha: float,
                calibrated: bool) -> tuple[Tensor, dict[str, float]]:
-        """One critic step (+ Polyak), one temperature step; returns the actor loss (with graph) and metrics."""
-        s, policy, critic = self.s, self.policy, self.critic
+        """One critic step (+ Polyak), one temperature step; returns SAC's actor loss (with graph) and metrics."""
+        if not self.has_logprob:
+            raise ValueError("SAC's actor loss needs log π: this policy's actor has none (consistency head; use "
+                             "algo.offpolicy: conrft)")
+        s, policy = self.s, self.policy
         alpha = self.alpha
-        y, h_next = self.targets(batch, generator)
         h_pi = policy.features(batch.images, batch.proprio, batch.instruction_ids)  # with grad: the actor's step
+        metrics = self.critic_step(batch, h_pi.detach(), generator, cql_alpha, calibrated)
+        actions, logp = policy.rsample_actions(h_pi, generator)
+        policy_loss = actor_loss(self.q_for_actor(batch, actions), logp, alpha, s.actor_reduce)
+        if s.auto_alpha:
+            self.alpha_optimizer.zero_grad(set_to_none=True)
+            temperature_loss(self.log_alpha, logp, self.target_entropy).backward()
+            self.alpha_optimizer.step()
+        metrics |= {"loss/actor": policy_loss.item(), "critic/alpha": alpha,
+                    "policy/sample_entropy": -logp.detach().mean().item()}
+        return policy_loss, metrics
+
+    def critic_step(self, batch: Transitions, h_pi: Tensor, generator: torch.Generator, cql_alpha: float,
+                    calibrated: bool) -> dict[str, float]:
+        """One critic optimizer step on ``batch`` (TD + ``cql_alpha`` · Cal-QL term) and the Polyak update;
+        ``h_pi``: the policy's features of s (no grad). Returns the metrics."""
+        s, critic = self.s, self.critic
+        y, h_next = self.targets(batch, generator)
         h = critic.features(batch.images, batch.proprio, batch.instruction_ids)
         q = critic.q(h, batch.actions)  # [E, B]
         td_loss = ((q - y[None]) ** 2).mean(1).sum()
@@ -107,27 +134,25 @@ class ActorCritic:
                    "critic/target_mean": y.mean().item()}
         loss = td_loss
         if cql_alpha > 0:
-            penalty, cql_metrics = self.conservative_penalty(batch, h, h_pi.detach(), h_next, generator, calibrated)
+            penalty, cql_metrics = self.conservative_penalty(batch, h, h_pi, h_next, generator, calibrated)
             loss = loss + cql_alpha * penalty.sum()
             metrics |= {"loss/critic_cql": penalty.sum().item(), **{k: float(v) for k, v in cql_metrics.items()}}
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()
         polyak_update(self.target, critic, s.tau)
-        actions, logp = policy.rsample_actions(h_pi, generator)
+        return metrics
+
+    def q_for_actor(self, batch: Transitions, actions: Tensor) -> Tensor:
+        """Q_i(s, ã) [E, B] of the batch's states and the actor's ``actions`` [B, D], with gradient to ã only
+        (the critic's encoder and heads are held fixed)."""
+        critic = self.critic
         with torch.no_grad():
             h_now = critic.features(batch.images, batch.proprio, batch.instruction_ids)
         critic.heads.requires_grad_(False)  # the actor's gradient reaches ã only, not the critic
         q_pi = critic.q(h_now, actions)
         critic.heads.requires_grad_(True)
-        policy_loss = actor_loss(q_pi, logp, alpha, s.actor_reduce)
-        if s.auto_alpha:
-            self.alpha_optimizer.zero_grad(set_to_none=True)
-            temperature_loss(self.log_alpha, logp, self.target_entropy).backward()
-            self.alpha_optimizer.step()
-        metrics |= {"loss/actor": policy_loss.item(), "critic/alpha": alpha,
-                    "policy/sample_entropy": -logp.detach().mean().item()}
-        return policy_loss, metrics
+        return q_pi
 
     @torch.no_grad()
     def targets(self, batch: Transitions, generator: torch.Generator) -> tuple[Tensor, Tensor]:
@@ -140,6 +165,8 @@ class ActorCritic:
         next_features = self.target.features(batch.next_images, batch.next_proprio, batch.instruction_ids)
         next_q = self.target.q(next_features, a_next)[members]  # [M, B]
         alpha = self.alpha if s.backup_entropy else 0.0
+        if logp_next is None:  # a deterministic actor: no entropy backup (refused at construction)
+            logp_next = torch.zeros_like(batch.rewards)
         if s.chunked:
             return chunk_td_target(batch.chunk_rewards, batch.terminal, next_q, logp_next, s.gamma, alpha), h_next
         return td_target(batch.rewards, batch.terminal, next_q, logp_next, s.gamma, alpha), h_next
@@ -159,8 +186,11 @@ class ActorCritic:
             a_nx, logp_nx = self.policy.rsample_actions(h_next.repeat_interleave(n, 0), generator)
             a_unif = torch.rand((b, n, d), generator=generator).to(h.device) * 2 - 1
         critic = self.critic
+        def per_state(logp: Tensor | None) -> Tensor | None:
+            return None if logp is None else logp.view(b, n)
+
         return calql_penalty(critic.q(h, batch.actions), critic.q(h, a_unif), critic.q(h, a_pi.view(b, n, d)),
-                             logp_pi.view(b, n), critic.q(h, a_nx.view(b, n, d)), logp_nx.view(b, n),
+                             per_state(logp_pi), critic.q(h, a_nx.view(b, n, d)), per_state(logp_nx),
                              batch.mc_returns if calibrated else None, d, self.s.cql_temperature)
 
     # -- exact resume ----------------------------------------------------------------------------

@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from mmrl.algos.hooks import HookContext, LossHook, UpdateIndex
-from mmrl.algos.offpolicy.buffer import TransitionBuffer
+from mmrl.algos.offpolicy.buffer import TransitionBuffer, Transitions
 from mmrl.algos.offpolicy.episodes import (Episode, RecordedDemonstration, episode_from_demonstration,
                                            episodes_from_rollout, executed_by, read_episodes)
 from mmrl.algos.offpolicy.learner import ActorCritic, CriticSettings
@@ -168,8 +168,16 @@ class WSRL(LossHook):
         """Weight of the conservative term in online updates (WSRL: 0, plain SAC)."""
         return 0.0
 
+    def learner_step(self, batch: Transitions, generator: torch.Generator, cql_alpha: float,
+                     step: int | None) -> tuple[torch.Tensor, dict[str, float]]:
+        """One critic update on ``batch`` and the actor loss (with graph) for it: SAC's
+        (:meth:`ActorCritic.update`). ``step``: the trainer step online, None in the offline phase."""
+        return self.learner.update(batch, generator, cql_alpha, self.p.calibrated)
+
     # -- phase 1 --------------------------------------------------------------------------------
-    def offline_episodes(self) -> list[Episode]:
+    def offline_episodes(self, expert_labels: bool = False) -> list[Episode]:
+        """The offline data: ``offline_demos`` scripted-expert demonstrations (their executed actions, or with
+        ``expert_labels`` their clean labels) and the ``offline_files`` episodes."""
         p, policy, task = self.p, self.ctx.policy, self.ctx.task
         episodes: list[Episode] = []
         if p.offline_demos:
@@ -182,7 +190,8 @@ class WSRL(LossHook):
                                      f"and give offline_files")
                 action_dims = demo.executed_actions.shape[1]
                 ids = policy.encode_instructions([demo.instruction])[0].numpy()
-                episodes.append(episode_from_demonstration(demo, ids, policy.decision_size // action_dims))
+                episodes.append(episode_from_demonstration(demo, ids, policy.decision_size // action_dims,
+                                                           expert_labels))
         for path in p.offline_files:
             episodes += read_episodes(path)
         for episode in episodes:
@@ -219,8 +228,7 @@ class WSRL(LossHook):
         sums: dict[str, float] = {}
         for k in range(p.offline_steps):
             generator = torch.Generator().manual_seed(derive_seed(cfg.trainer.seed, 41, k))
-            loss, metrics = self.learner.update(data.sample(p.batch_size, generator), generator, p.cql_alpha,
-                                                p.calibrated)
+            loss, metrics = self.learner_step(data.sample(p.batch_size, generator), generator, p.cql_alpha, None)
             if k >= p.offline_actor_start:
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
@@ -271,8 +279,8 @@ class WSRL(LossHook):
         for k in range(self.p.critic_updates):
             seed = derive_seed(self.ctx.cfg.trainer.seed, index.step, index.epoch, index.minibatch, k, 42)
             generator = torch.Generator().manual_seed(seed)
-            loss, metrics = self.learner.update(self.buffer.sample(self.p.batch_size, generator), generator,
-                                                self.online_cql_alpha(), self.p.calibrated)
+            loss, metrics = self.learner_step(self.buffer.sample(self.p.batch_size, generator), generator,
+                                              self.online_cql_alpha(), index.step)
             for key, value in metrics.items():
                 self.sums[key] = self.sums.get(key, 0.0) + value
             self.count += 1

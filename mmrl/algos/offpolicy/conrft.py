@@ -1,0 +1,134 @@
+"""ConRFT — Reinforced Fine-Tuning of VLAs via a consistency policy (Chen et al. 2025, "ConRFT: A Reinforced
+Fine-tuning Method for VLA Models via Consistency Policy", RSS 2025; seed paper #90), as a loss hook of the one
+trainer loop.
+
+The policy's action head is a consistency model f_θ (``policy.args.action_head: consistency``,
+:mod:`mmrl.policies.consistency`): a deterministic, differentiable actor ã = f_θ(σ_max z, σ_max | s). Its
+objective is one formula in both stages, with stage-dependent weights:
+
+    L_π = −η · E_s[ mean_i Q_i(s, ã) ] + β · L_BC,
+    L_BC = E_{(s, a) ∈ demos, z, n}[ λ(σ_n) · mean_d (f_θ(a + σ_n z, σ_n | s) − a)² ]     (the consistency BC loss)
+
+1. **Offline** (Cal-QL + BC, when the hook is built, before the first rollout): ``offline_steps`` updates of
+   the Cal-QL critic (:meth:`ActorCritic.critic_step`, the conservative term without importance weights: the
+   actor has no density) on the offline data (executed actions and rewards) and the actor loss with
+   (β, η) = (``bc_weight``, ``q_weight``); L_BC on a batch of the demonstrations' **clean expert labels**
+   (INFERRED: DART demonstrations execute label + noise; BC of the executed actions would teach the noise).
+2. **Online** on the policy's own rollouts, from the first trainer step (no warm-up): every optimizer step,
+   ``critic_updates`` TD updates on the online buffer (no conservative term: ConRFT's online critic is plain
+   Q-learning) and the actor loss with (β, η) = (β_t, ``online_q_weight``),
+   β_t = max(``online_bc_min``, ``online_bc_weight`` − ``online_bc_decay`` · (t − 1)) at trainer step t;
+   L_BC still on the demonstrations (kept in memory, never in the online buffer).
+
+ConRFT's online stage also learns from **human interventions** (HIL-SERL): a human takes over during online
+episodes, and the corrections join the demonstration buffer. There is no human here; that part is not built.
+
+State, resume and single-process rules are WSRL's (:mod:`mmrl.algos.offpolicy.wsrl`); the demonstrations are
+drawn again (seeded) on resume and the decay depends only on the trainer step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from mmrl.algos.offpolicy.buffer import TransitionBuffer, Transitions
+from mmrl.algos.offpolicy.episodes import Episode
+from mmrl.algos.offpolicy.wsrl import WSRL, WSRLParams
+from mmrl.algos.variants.params import declare_variant
+
+
+@dataclass(frozen=True)
+class ConRFTParams(WSRLParams):
+    """``algo.extra.conrft``: WSRL's critic / offline keys and ConRFT's actor weights (INFERRED where marked)."""
+
+    auto_alpha: bool = False
+    """No entropy temperature: the consistency actor has no log π (must stay false)."""
+    actor_reduce: Literal["min", "mean"] = "mean"
+    """Ensemble reduction in the actor's Q term (ConRFT's code: the mean over members)."""
+    warmup_steps: int = 0
+    """No collect-only steps: the online actor keeps its BC anchor on the demonstrations."""
+    offline_actor_start: int = 0
+    """The actor's BC + Q loss from the first offline update (ConRFT trains both together)."""
+    bc_weight: float = 1.0
+    """β offline (ConRFT's code default for the offline stage: 1.0)."""
+    q_weight: float = 0.1
+    """η offline (ConRFT's code default for the offline stage: 0.1)."""
+    online_bc_weight: float = 0.5
+    """β online at the first online step (ConRFT's online setting as we read the paper: 0.5)."""
+    online_q_weight: float = 1.0
+    """η online (ConRFT's online setting as we read the paper: 1.0)."""
+    online_bc_decay: float = 0.0
+    """β falls by this much per trainer step online (0: fixed; ConRFT's code decays β toward a floor)."""
+    online_bc_min: float = 0.0
+    """The floor of the decaying β."""
+    online_cql_alpha: float = 0.0
+    """Conservative term online (ConRFT: 0, plain Q-learning on the online data)."""
+    bc_batch_size: int = 64
+    """Demonstration decisions in each BC term (INFERRED; ConRFT's code: the demonstration half of a batch)."""
+
+
+declare_variant("conrft", ConRFTParams)
+
+
+class ConRFT(WSRL):
+    NAME = "conrft"
+    p: ConRFTParams
+
+    bc_data: TransitionBuffer
+    """The BC term's demonstrations (built with the offline phase, also when its result is read back)."""
+
+    def online_cql_alpha(self) -> float:
+        return self.p.online_cql_alpha
+
+    def offline_phase(self) -> dict[str, float]:
+        """Checks that the actor is a consistency policy, builds the BC data, then WSRL's offline phase (or its
+        saved result) with :meth:`learner_step` as the update."""
+        p = self.p
+        if p.auto_alpha or p.backup_entropy:
+            raise ValueError("algo.extra.conrft: auto_alpha and backup_entropy need log π, which the consistency "
+                             "actor does not have; set both to false")
+        if self.learner.has_logprob:
+            raise ValueError(f"algo.offpolicy: conrft trains a consistency policy: set policy.args.action_head: "
+                             f"consistency (got {self.ctx.cfg.policy.args.action_head!r})")
+        self.bc_data = self.bc_buffer()
+        return super().offline_phase()
+
+    def bc_buffer(self) -> TransitionBuffer:
+        """The demonstrations as BC data: the scripted expert's clean labels, and ``offline_files`` as stored."""
+        episodes: list[Episode] = self.offline_episodes(expert_labels=True)
+        if not episodes:
+            raise ValueError("algo.extra.conrft needs demonstrations for its BC term: offline_demos > 0 or "
+                             "offline_files")
+        data = TransitionBuffer(sum(e.length for e in episodes) + 1, self.ctx.cfg.algo.gamma, self.CHUNKED)
+        for episode in episodes:
+            data.add(episode)
+        return data
+
+    def actor_weights(self, step: int | None) -> tuple[float, float]:
+        """(β, η): the offline weights when ``step`` is None, else β_t at trainer step t and the online η."""
+        p = self.p
+        if step is None:
+            return p.bc_weight, p.q_weight
+        beta = max(p.online_bc_min, p.online_bc_weight - p.online_bc_decay * (step - 1))
+        return beta, p.online_q_weight
+
+    def learner_step(self, batch: Transitions, generator: torch.Generator, cql_alpha: float,
+                     step: int | None) -> tuple[torch.Tensor, dict[str, float]]:
+        """One critic update, then ConRFT's actor loss −η·mean_i Q_i(s, ã) + β·L_BC (module docstring)."""
+        policy, learner = self.ctx.policy, self.learner
+        h_pi = policy.features(batch.images, batch.proprio, batch.instruction_ids)
+        metrics = learner.critic_step(batch, h_pi.detach(), generator, cql_alpha, self.p.calibrated)
+        actions, _ = policy.rsample_actions(h_pi, generator)
+        q_pi = learner.q_for_actor(batch, actions)  # [E, B]
+        q_term = -(q_pi.mean(0) if self.p.actor_reduce == "mean" else q_pi.min(0).values).mean()
+        demos = self.bc_data.sample(self.p.bc_batch_size, generator)
+        h_demo = policy.features(demos.images, demos.proprio, demos.instruction_ids)
+        bc = policy.consistency_bc_loss(h_demo, demos.actions, generator)
+        beta, eta = self.actor_weights(step)
+        loss = eta * q_term + beta * bc
+        metrics |= {"loss/actor": loss.item(), "conrft/bc_loss": bc.item(), "conrft/q_policy": -q_term.item(),
+                    "conrft/bc_weight": beta, "conrft/q_weight": eta}
+        return loss, metrics
