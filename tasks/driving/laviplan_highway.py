@@ -97,18 +97,34 @@ def progress_score(progress_m: float, expert_progress_m: float) -> float:
     return float(np.clip((progress_m + 1.0) / (max(expert_progress_m, 0.0) + 1.0), 0.0, 1.0))
 
 
+def train_scenes(scenes: Sequence[str], ood_scene: str) -> tuple[str, ...]:
+    """The scene types of ``train`` / ``test``: ``scenes`` without ``ood_scene``; unknown types, or nothing left,
+    are an error naming the task args."""
+    unknown = [name for name in (*scenes, ood_scene) if name not in KNOWN_SCENES]
+    if unknown:
+        raise ValueError(f"task.args.scenes / ood_scene: unknown scene type(s) {unknown}; known: {list(KNOWN_SCENES)}")
+    kept = tuple(name for name in scenes if name != ood_scene)
+    if not kept:
+        raise ValueError(f"task.args.scenes {list(scenes)}: nothing left for train/test once ood_scene {ood_scene!r} "
+                         f"is held out")
+    return kept
+
+
+def scene_type(scenes: tuple[str, ...], ood_scene: str, split: str, seed: int, salt: int = 0) -> str:
+    """The scene type of (split, seed): ``ood_scene`` for ``ood``, else one of ``scenes`` drawn from (split, seed[, salt])."""
+    if split == "ood":
+        return ood_scene
+    key = [SPLITS.index(split), seed] + ([salt] if salt else [])
+    return scenes[int(np.random.default_rng(key).integers(len(scenes)))]
+
+
 class LaviPlanHighwayTask:
     id = "driving/laviplan-highway-v0"
     vision_classes = len(GAP_BINS) + 1
 
     def __init__(self, cfg: LaviPlanHighwayConfig):
         cfg.validate()
-        unknown = [name for name in (*cfg.scenes, cfg.ood_scene) if name not in KNOWN_SCENES]
-        if unknown:
-            raise ValueError(f"task.args.scenes / ood_scene: unknown scene type(s) {unknown}; known: {list(KNOWN_SCENES)}")
-        if not [name for name in cfg.scenes if name != cfg.ood_scene]:
-            raise ValueError(f"task.args.scenes {list(cfg.scenes)}: nothing left for train/test once ood_scene "
-                             f"{cfg.ood_scene!r} is held out")
+        self.train_scenes = train_scenes(cfg.scenes, cfg.ood_scene)
         if cfg.horizon < 1 or not cfg.dt > 0 or cfg.decimals < 0 or cfg.image_size < 16 or not cfg.metres_per_px > 0:
             raise ValueError(f"task.args: need horizon >= 1, dt > 0, decimals >= 0, image_size >= 16, metres_per_px > 0; "
                              f"got {cfg.horizon}, {cfg.dt}, {cfg.decimals}, {cfg.image_size}, {cfg.metres_per_px}")
@@ -128,7 +144,6 @@ class LaviPlanHighwayTask:
         self.highway = highway
         self.cfg = cfg
         self.reward_range = cfg.score_range
-        self.train_scenes = tuple(name for name in cfg.scenes if name != cfg.ood_scene)
         self._pool: dict[int, HighwayPlanExample | None] = {}
         self._built: OrderedDict[tuple[str, int], HighwayPlanExample | None] = OrderedDict()
         self._outcomes: OrderedDict[tuple, PlanOutcome] = OrderedDict()
@@ -169,9 +184,7 @@ class LaviPlanHighwayTask:
 
     def scene_type(self, split: str, seed: int) -> str:
         """The scene type of (split, seed): ``ood_scene`` for ``ood``, else one of the train scenes, seeded."""
-        if split == "ood":
-            return self.cfg.ood_scene
-        return self.train_scenes[int(np.random.default_rng([SPLITS.index(split), seed]).integers(len(self.train_scenes)))]
+        return scene_type(self.train_scenes, self.cfg.ood_scene, split, seed)
 
     def build(self, split: str, seed: int) -> HighwayPlanExample | None:
         """The example of (split, seed) (None when its warm-up crashed: the sampler draws another seed)."""

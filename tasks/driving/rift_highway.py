@@ -40,6 +40,7 @@ import numpy as np
 
 from mmrl.envs.driving.geometry import point_at_arclength, project_to_polyline
 from mmrl.envs.driving.world import SIM_DT, Agent, Scenario
+from mmrl.tasks.driving.laviplan_highway import KNOWN_SCENES, SEED_BLOCK, SPLITS, scene_type, train_scenes
 from mmrl.tasks.driving.realism import RlftsimWeights
 from mmrl.tasks.driving.rift import (TRAFFIC_REWARDS, RiftConfig, RiftExample, RiftTask,
                                      summarise_closed_loop)
@@ -50,10 +51,6 @@ from mmrl.tasks.driving.rift_sim import (EPISODE_STEPS, GOAL_DISTANCE, HORIZON_S
 if TYPE_CHECKING:  # highway-env is an optional extra: imported when the task is made
     from highway_env.road.road import Road
 
-SPLITS = ("train", "test", "ood")
-SEED_BLOCK = 2**28
-"""Split k draws highway-env reset seeds in [k·SEED_BLOCK, (k+1)·SEED_BLOCK) (disjoint splits)."""
-KNOWN_SCENES = ("intersection-v0", "merge-v0", "roundabout-v0", "highway-fast-v0")
 LANE_OFFSET = 4.0
 """Reference lines one lane left / right of the CBV's route: highway-env's lane width (``AbstractLane.DEFAULT_WIDTH``)."""
 SIM_HZ = 10
@@ -84,12 +81,7 @@ class RiftHighwayConfig:
         if self.reward not in TRAFFIC_REWARDS:
             raise ValueError(f"driving/rift-highway-v0: unknown reward {self.reward!r}; choose one of "
                              f"{', '.join(TRAFFIC_REWARDS)}")
-        unknown = [name for name in (*self.scenes, self.ood_scene) if name not in KNOWN_SCENES]
-        if unknown:
-            raise ValueError(f"task.args.scenes / ood_scene: unknown scene type(s) {unknown}; known: {list(KNOWN_SCENES)}")
-        if not [name for name in self.scenes if name != self.ood_scene]:
-            raise ValueError(f"task.args.scenes {list(self.scenes)}: nothing left for train/test once ood_scene "
-                             f"{self.ood_scene!r} is held out")
+        train_scenes(self.scenes, self.ood_scene)
         if self.train_pool < 1 or self.cache < 1 or not self.radius > 0:
             raise ValueError(f"task.args: need train_pool >= 1, cache >= 1, radius > 0; got {self.train_pool}, "
                              f"{self.cache}, {self.radius}")
@@ -151,7 +143,7 @@ class RiftHighwayTask(RiftTask):
         super().__init__(RiftConfig(train_pool=cfg.train_pool, cache=cfg.cache, reward=cfg.reward, rlftsim=cfg.rlftsim))
         self.highway = highway
         self.hcfg = cfg
-        self.train_scenes = tuple(name for name in cfg.scenes if name != cfg.ood_scene)
+        self.train_scenes = train_scenes(cfg.scenes, cfg.ood_scene)
         self._outcomes: OrderedDict[tuple[str, int, int], CandidateReturns] = OrderedDict()
         self._pool: dict[tuple, Any] = {}  # the train split's states, candidates' outcomes and logs: never evicted
         self._unusable: set[tuple[str, int]] = set()
@@ -171,9 +163,7 @@ class RiftHighwayTask(RiftTask):
 
     def scene_type(self, split: str, seed: int) -> str:
         """``ood_scene`` for ``ood``; otherwise one of the train scenes, drawn from (split, seed)."""
-        if split == "ood":
-            return self.hcfg.ood_scene
-        return self.train_scenes[int(np.random.default_rng([SPLITS.index(split), seed, 7]).integers(len(self.train_scenes)))]
+        return scene_type(self.train_scenes, self.hcfg.ood_scene, split, seed, salt=7)
 
     def build(self, split: str, seed: int) -> HighwayRiftExample | None:
         """The state of (split, seed), or None (the warm-up crashed the ego, or no other vehicle can be the CBV)."""
