@@ -22,6 +22,13 @@ Action heads (``action_head``):
   (``algo.offpolicy: conrft``); the on-policy objectives are refused when the recipe is loaded
   (:meth:`VLAConfig.decisions_without_logprob`). The rollout's recorded log-probs are zeros.
 
+Context smoothing (``context_smoothing``, CSP, seed #98; :mod:`mmrl.policies.context_smoothing`): behaviour
+cloning sees the image / proprio noised by one forward-diffusion step at a level t ~ U{0..K−1}, embedded into the
+trunk. With ``timestep_policy`` (TMRL) each decision is a pair (t, a): t ~ π(t | x) on the clean context, then
+a ~ π(a | x_t, t) on the context noised to t (noise seeded per decision, stored in the payload), so
+log π(decision) = log π(a | x_t, t) + log π(t | x); greedy decoding (τ = 0) acts at t = 0. The value head reads
+the clean context.
+
 A decision is one action chunk of ``chunk`` env steps, executed open loop (action chunking,
 Zhao et al. 2023). The value head reads the same pre-action features ``h`` (RL4VLA's value head on
 the hidden state before the first action token: MLP h → 128 → GELU → 1).
