@@ -373,7 +373,8 @@ class VLAPolicy(Policy):
         p = proprio.to(self.device)
         smoothing = self.cfg.context_smoothing
         if smoothing is not None:
-            t = torch.zeros(len(x), dtype=torch.long, device=self.device) if timesteps is None else timesteps.to(self.device)
+            t = (torch.zeros(len(x), dtype=torch.long, device=self.device) if timesteps is None
+                 else timesteps.to(self.device))
             if noise_seeds is not None:
                 x, p = self.smooth_context(x, p.float(), t, noise_seeds)
         keypoints = self.keypoints(self.encoder(x.permute(0, 3, 1, 2)))
