@@ -37,6 +37,9 @@ def key_before_vision_pretraining(cfg) -> str:
                          ("consistency_width", 128)):  # and the VLA's consistency head settings, at their defaults
         if key in policy["args"] and policy["args"][key] == default:
             del policy["args"][key]
+    for key, default in (("context_smoothing", None), ("timestep_policy", "none")):  # and CSP / TMRL, when off
+        if key in policy["args"] and policy["args"][key] == default:
+            del policy["args"][key]
     if cfg.task.name == "driving/rift-v0":  # as did RLFTSim's reward: each left out at its default
         from mmrl.tasks.driving.realism import RlftsimWeights
 

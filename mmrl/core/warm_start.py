@@ -33,7 +33,7 @@ KEY_FIELDS_WHEN_ON = {"vision_steps": ("vision_steps", "vision_lr"), "init_from"
 
 # Component arguments added after caches existed: left out of the key while at their defaults.
 POLICY_ARGS_ADDED_LATER = ("video", "share_prompts_under_checkpointing", "squash", "consistency_levels",
-                           "consistency_steps", "consistency_width")
+                           "consistency_steps", "consistency_width", "context_smoothing", "timestep_policy")
 TASK_ARGS_ADDED_LATER = {"driving/rift-v0": ("reward", "rlftsim")}
 
 

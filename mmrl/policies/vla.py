@@ -22,6 +22,13 @@ Action heads (``action_head``):
   (``algo.offpolicy: conrft``); the on-policy objectives are refused when the recipe is loaded
   (:meth:`VLAConfig.decisions_without_logprob`). The rollout's recorded log-probs are zeros.
 
+Context smoothing (``context_smoothing``, CSP, seed #98; :mod:`mmrl.policies.context_smoothing`): behaviour
+cloning sees the image / proprio noised by one forward-diffusion step at a level t ~ U{0..K−1}, embedded into the
+trunk. With ``timestep_policy`` (TMRL) each decision is a pair (t, a): t ~ π(t | x) on the clean context, then
+a ~ π(a | x_t, t) on the context noised to t (noise seeded per decision, stored in the payload), so
+log π(decision) = log π(a | x_t, t) + log π(t | x); greedy decoding (τ = 0) acts at t = 0. The value head reads
+the clean context.
+
 A decision is one action chunk of ``chunk`` env steps, executed open loop (action chunking,
 Zhao et al. 2023). The value head reads the same pre-action features ``h`` (RL4VLA's value head on
 the hidden state before the first action token: MLP h → 128 → GELU → 1).
@@ -43,7 +50,7 @@ import json
 import math
 import zlib
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -55,7 +62,9 @@ from torch.nn import functional as F
 
 from mmrl.core.contracts import Policy, PolicyOutput
 from mmrl.core.rollout import Rollout, SamplingParams, derive_seed
+from mmrl.core.typed import ConfigError
 from mmrl.policies.consistency import ConsistencyHead, NoiseLevels
+from mmrl.policies.context_smoothing import ContextSmoothing, alpha_bars, context_noise, noise_context
 from mmrl.samplers.gym_runner import EpisodeBatch, GymRunner
 
 WEIGHTS_FILE = "model.safetensors"
@@ -114,6 +123,27 @@ class VLAConfig:
     """Seed of the initial weights."""
     pretrained: str | None = None
     """A folder written by ``save_pretrained`` (e.g. by ``mmrl bc``) to start from."""
+    context_smoothing: ContextSmoothing | None = None
+    """CSP (seed #98, :mod:`mmrl.policies.context_smoothing`): behaviour cloning noises the chosen inputs at a
+    level t ~ U{0..K−1} and conditions the trunk on t (an embedding added to the proprio projection). None: off."""
+    timestep_policy: Literal["none", "fixed", "learned"] = "none"
+    """TMRL: how rollouts choose each decision's context level t (needs ``context_smoothing``). ``none``: t = 0
+    (plain RL on the CSP policy); ``fixed``: t ~ U{0..K−1} (log π(t) = −log K); ``learned``: a categorical head
+    π(t | x) on the clean context, trained with the actions by the policy gradient. Greedy decoding (τ = 0,
+    evaluation) always uses t = 0, the exact context (INFERRED; see docs/vla.md)."""
+
+    def __post_init__(self) -> None:
+        if self.timestep_policy != "none" and self.context_smoothing is None:
+            raise ConfigError(f"policy.args.timestep_policy: {self.timestep_policy} chooses a context level and "
+                              f"needs policy.args.context_smoothing (e.g. {{levels: 10}})")
+        if self.timestep_policy != "none" and self.action_head == "consistency":
+            raise ConfigError("policy.args.timestep_policy needs an action head with log π (tokens or gaussian): "
+                              "the timestep's log-probability is trained with the actions' by the policy gradient")
+
+    @property
+    def modulates_timestep(self) -> bool:
+        """Whether rollouts choose a context level per decision (TMRL: ``timestep_policy`` fixed or learned)."""
+        return self.timestep_policy != "none"
 
     def decisions_without_logprob(self) -> str | None:
         """Why this head's decisions have no log-probability (the consistency head), else None: the recipe
@@ -212,11 +242,16 @@ class VLAPayload:
     mask: Tensor  # [N, T] float
     temperature: float
     chunk_rewards: Tensor | None = None  # [N, T, chunk] float: env rewards inside each decision (off-policy data)
+    timesteps: Tensor | None = None  # [N, T] long: TMRL's chosen context level t per decision (0 at padding)
+    context_seeds: Tensor | None = None  # [N, T] long: the seed of each decision's context noise ε
 
     def select(self, index: Tensor) -> VLAPayload:
+        def pick(x: Tensor | None) -> Tensor | None:
+            return None if x is None else x[index]
+
         return VLAPayload(self.images[index], self.proprio[index], self.instruction_ids[index], self.actions[index],
-                          self.mask[index], self.temperature,
-                          None if self.chunk_rewards is None else self.chunk_rewards[index])
+                          self.mask[index], self.temperature, pick(self.chunk_rewards), pick(self.timesteps),
+                          pick(self.context_seeds))
 
     @classmethod
     def concat(cls, parts: Sequence[VLAPayload]) -> VLAPayload:
@@ -228,11 +263,14 @@ class VLAPayload:
         def pad_t(x: Tensor) -> Tensor:
             return F.pad(x, [0, 0] * (x.dim() - 2) + [0, t_max - x.shape[1]])
 
+        def optional(name: str) -> Tensor | None:  # present in every part, or in none
+            xs = [getattr(p, name) for p in parts]
+            return None if any(x is None for x in xs) else torch.cat([pad_t(x) for x in xs])
+
         return cls(torch.cat([pad_t(p.images) for p in parts]), torch.cat([pad_t(p.proprio) for p in parts]),
                    torch.cat([F.pad(p.instruction_ids, (0, l_max - p.instruction_ids.shape[1])) for p in parts]),
                    torch.cat([pad_t(p.actions) for p in parts]), torch.cat([pad_t(p.mask) for p in parts]),
-                   parts[0].temperature, None if any(p.chunk_rewards is None for p in parts)
-                   else torch.cat([pad_t(p.chunk_rewards) for p in parts]))
+                   parts[0].temperature, optional("chunk_rewards"), optional("timesteps"), optional("context_seeds"))
 
 
 class VLAPolicy(Policy):
@@ -249,7 +287,7 @@ class VLAPolicy(Policy):
             raise ValueError(f"policy.args.consistency_levels needs 0 < sigma_min < sigma_max, sigma_data > 0, "
                              f"levels >= 2 and consistency_steps >= 1; got {levels}, steps {cfg.consistency_steps}")
         self.cfg = cfg
-        self.bc_draws = 0  # consistency BC draws so far: seeds its noise (no global RNG)
+        self.bc_draws = 0  # consistency / CSP BC draws so far: seeds their noise (no global RNG)
         layers, width = [], 3
         for i, out in enumerate(cfg.channels):
             k, s = (5, 2) if i == 0 else (3, 2 if i == 1 else 1)
@@ -277,6 +315,15 @@ class VLAPolicy(Policy):
             self.value = nn.Sequential(nn.Linear(cfg.hidden, 128), nn.GELU(), nn.Linear(128, 1))
             nn.init.normal_(self.value[2].weight, std=0.02)
             nn.init.zeros_(self.value[2].bias)
+        if cfg.context_smoothing is not None:  # created last: the other weights keep their seeded initialisation
+            levels = cfg.context_smoothing.levels
+            self.timestep_embedding = nn.Embedding(levels, cfg.hidden)
+            nn.init.zeros_(self.timestep_embedding.weight)  # t starts as a no-op on the trunk
+            self.register_buffer("alpha_bars", alpha_bars(levels, cfg.context_smoothing.schedule), persistent=False)
+            if cfg.timestep_policy == "learned":
+                self.timestep_logits = nn.Linear(cfg.hidden, levels)  # π(t | x), uniform at the start
+                nn.init.zeros_(self.timestep_logits.weight)
+                nn.init.zeros_(self.timestep_logits.bias)
         self.runner = GymRunner(cfg.num_envs, cfg.vector_mode, {**cfg.env_kwargs, "image_size": cfg.image_size})
         self.register_buffer("_device_probe", torch.zeros(0), persistent=False)
 
@@ -312,17 +359,76 @@ class VLAPolicy(Policy):
     def device(self) -> torch.device:
         return self._device_probe.device
 
-    def features(self, images: Tensor, proprio: Tensor, instruction: Tensor) -> Tensor:
-        """Pre-action features h [B, hidden] from images [B,H,W,3] uint8, proprio [B,P], word ids [B,L]."""
+    def features(self, images: Tensor, proprio: Tensor, instruction: Tensor, timesteps: Tensor | None = None,
+                 noise_seeds: Tensor | None = None) -> Tensor:
+        """Pre-action features h [B, hidden] from images [B,H,W,3] uint8, proprio [B,P], word ids [B,L].
+
+        With ``context_smoothing``: the context level ``timesteps`` [B] long (None: 0, the exact context) is
+        embedded into the trunk, and rows with t > 0 see their inputs noised to x_t with the noise regenerated
+        from ``noise_seeds`` [B] (:func:`mmrl.policies.context_smoothing.context_noise`)."""
         if images.shape[1:] != (self.cfg.image_size, self.cfg.image_size, 3):
             raise ValueError(f"images must be [B, {self.cfg.image_size}, {self.cfg.image_size}, 3], got "
                              f"{tuple(images.shape)}: set policy.args.image_size to the env's image size")
-        x = images.to(self.device).permute(0, 3, 1, 2).float() / 255.0 - 0.5
-        keypoints = self.keypoints(self.encoder(x))
+        x = images.to(self.device).float() / 255.0 - 0.5  # [B, H, W, 3]
+        p = proprio.to(self.device)
+        smoothing = self.cfg.context_smoothing
+        if smoothing is not None:
+            t = (torch.zeros(len(x), dtype=torch.long, device=self.device) if timesteps is None
+                 else timesteps.to(self.device))
+            if noise_seeds is not None:
+                x, p = self.smooth_context(x, p.float(), t, noise_seeds)
+        keypoints = self.keypoints(self.encoder(x.permute(0, 3, 1, 2)))
         ids = instruction.to(self.device)
         mask = (ids > 0).float()
         words = (self.words(ids) * mask[..., None]).sum(1) / mask.sum(1, keepdim=True).clamp(min=1)
-        return self.trunk(torch.cat([keypoints, words, self.proprio(proprio.to(self.device))], dim=-1))
+        state = self.proprio(p)
+        if smoothing is not None:
+            state = state + self.timestep_embedding(t)
+        return self.trunk(torch.cat([keypoints, words, state], dim=-1))
+
+    def smooth_context(self, x: Tensor, p: Tensor, t: Tensor, seeds: Tensor) -> tuple[Tensor, Tensor]:
+        """CSP's forward-diffusion step on the rows with t > 0 of images x [B,H,W,3] (as image/255 − 0.5) and
+        proprio p [B,P]: x_t = √ᾱ_t x + √(1 − ᾱ_t) ε on the inputs ``context_smoothing.inputs`` names. One seed a
+        row draws ε for both inputs (image first), whichever are noised."""
+        rows = (t > 0).nonzero(as_tuple=True)[0]
+        if len(rows) == 0:
+            return x, p
+        pixels, dims = x[0].numel(), p.shape[1]
+        eps = context_noise(seeds[rows.cpu()], (pixels + dims,), x.device)
+        alpha_bar = self.alpha_bars[t[rows]]
+        inputs = self.cfg.context_smoothing.inputs
+        x, p = x.clone(), p.clone()
+        if "image" in inputs:  # the encoder's input is half the diffusion's [−1, 1] data: noise scaled by ½
+            x[rows] = noise_context(x[rows], alpha_bar, eps[:, :pixels].view_as(x[rows]), scale=0.5)
+        if "proprio" in inputs:
+            p[rows] = noise_context(p[rows], alpha_bar, eps[:, pixels:])
+        return x, p
+
+    # -- TMRL: the context level as a decision ---------------------------------------------------------
+    def sample_timesteps(self, h0: Tensor, temperature: float, generator: torch.Generator) -> Tensor:
+        """Each decision's context level t [B] long from the clean features ``h0`` [B, hidden]: 0 without
+        ``timestep_policy`` and when greedy (τ = 0); uniform (``fixed``); π(t | x) at temperature τ (``learned``)."""
+        b = h0.shape[0]
+        if not self.cfg.modulates_timestep or temperature == 0:
+            return torch.zeros(b, dtype=torch.long, device=h0.device)
+        if self.cfg.timestep_policy == "fixed":
+            return torch.randint(self.cfg.context_smoothing.levels, (b,), generator=generator).to(h0.device)
+        probs = F.softmax(self.timestep_logits(h0).float() / temperature, -1)
+        return torch.multinomial(probs.cpu(), 1, generator=generator).view(b).to(h0.device)
+
+    def timestep_logprob(self, h0: Tensor, t: Tensor, temperature: float,
+                         with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+        """log π(t | x) [B] and its entropy [B] (zeros where t is not a decision: no ``timestep_policy``, τ = 0);
+        ``fixed``: −log K and log K; ``learned``: log softmax(logits(h0)/τ)[t] and the categorical's entropy."""
+        zeros = h0.float().sum(-1) * 0.0  # [B], in the graph
+        if not self.cfg.modulates_timestep or temperature == 0:
+            return zeros, zeros if with_entropy else None
+        if self.cfg.timestep_policy == "fixed":
+            log_k = math.log(self.cfg.context_smoothing.levels)
+            return zeros - log_k, zeros + log_k if with_entropy else None
+        logp_all = F.log_softmax(self.timestep_logits(h0).float() / temperature, -1)  # [B, K]
+        logp = logp_all.gather(-1, t.to(logp_all.device).long().unsqueeze(-1)).squeeze(-1)
+        return logp, -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None
 
     def log_std(self, h: Tensor) -> Tensor:
         lo, hi = self.cfg.log_std_range
@@ -427,13 +533,23 @@ class VLAPolicy(Policy):
 
         def decide(images: np.ndarray, proprio: np.ndarray, instructions: list[str]):
             ids, _ = instruction_ids(instructions, self.cfg.vocab_buckets)
-            h = self.features(torch.from_numpy(images), torch.from_numpy(proprio), ids)
+            obs = torch.from_numpy(images), torch.from_numpy(proprio), ids
+            h = h0 = self.features(*obs)  # the clean context: the value and π(t | x) read it
+            record = {}
+            if self.cfg.modulates_timestep:  # TMRL: choose t, then act on the context noised to level t
+                t = self.sample_timesteps(h0, sampling.temperature, generator)
+                seeds = torch.randint(0, 2 ** 62, (len(t),), generator=generator)
+                if (t > 0).any():
+                    h = self.features(*obs, t, seeds)
+                record = {"timestep": t.cpu().numpy(), "context_seed": seeds.numpy()}
             decision = self.sample_actions(h, sampling.temperature, generator)
             logp = (torch.zeros(len(decision)) if self.cfg.action_head == "consistency"  # no density: recorded 0
                     else self.action_logprob(h, decision, sampling.temperature)[0])
-            record = {"decision": decision.cpu().numpy(), "logp": logp.cpu().numpy()}
+            if self.cfg.modulates_timestep:
+                logp = logp + self.timestep_logprob(h0, t, sampling.temperature)[0]
+            record |= {"decision": decision.cpu().numpy(), "logp": logp.cpu().numpy()}
             if self.value is not None:
-                record["value"] = self.value(h).squeeze(-1).float().cpu().numpy()
+                record["value"] = self.value(h0).squeeze(-1).float().cpu().numpy()
             return self.env_actions(decision), record
 
         batch = run_episode_groups(self, examples, group_size, decide, record_frames)
@@ -442,36 +558,57 @@ class VLAPolicy(Policy):
     def to_rollout(self, batch: EpisodeBatch, num_examples: int, group_size: int, temperature: float) -> Rollout:
         actions = torch.from_numpy(batch.records["decision"])
         ids, _ = instruction_ids(batch.instructions, self.cfg.vocab_buckets)
+        mask = torch.from_numpy(batch.mask)
+        timesteps = seeds = None
+        stats = {}
+        if self.cfg.modulates_timestep:
+            timesteps = torch.from_numpy(batch.records["timestep"]).long() * mask.long()
+            seeds = torch.from_numpy(batch.records["context_seed"]).long()
+            stats["rollout/timestep_mean"] = float((timesteps * mask).sum() / mask.sum().clamp(min=1))
         payload = VLAPayload(torch.from_numpy(batch.images), torch.from_numpy(batch.proprio), ids,
                              actions.long() if self.cfg.action_head == "tokens" else actions.float(),
-                             torch.from_numpy(batch.mask), temperature,
-                             None if batch.chunk_rewards is None else torch.from_numpy(batch.chunk_rewards))
+                             mask, temperature,
+                             None if batch.chunk_rewards is None else torch.from_numpy(batch.chunk_rewards),
+                             timesteps, seeds)
         self.last_frames = batch.frames  # videos (scripts/train_vla.py); None unless asked for
-        return episode_rollout(batch, num_examples, group_size, payload, self.version, self.value is not None)
+        rollout = episode_rollout(batch, num_examples, group_size, payload, self.version, self.value is not None)
+        return replace(rollout, stats=stats) if stats else rollout
 
     # -- re-scoring ------------------------------------------------------------------------------
     def forward(self, rollout: Rollout, with_entropy: bool = False) -> PolicyOutput:
         p: VLAPayload = rollout.payload
         rows, steps = p.mask.nonzero(as_tuple=True)  # the real decisions, [B] each
         n, t = p.mask.shape
-        h = self.features(p.images[rows, steps], p.proprio[rows, steps], p.instruction_ids[rows])
+        obs = p.images[rows, steps], p.proprio[rows, steps], p.instruction_ids[rows]
+        h = h0 = self.features(*obs)  # the clean context (value, π(t | x))
+        if self.cfg.modulates_timestep:
+            chosen = p.timesteps[rows, steps]
+            h = self.features(*obs, chosen, p.context_seeds[rows, steps])
         if self.cfg.action_head == "consistency":
             logp_flat, entropy_flat = unscored_logprob(h), None
         else:
             logp_flat, entropy_flat = self.action_logprob(h, p.actions[rows, steps].to(self.device), p.temperature,
                                                           with_entropy)
+        if self.cfg.modulates_timestep:  # log π(decision) = log π(a | x_t, t) + log π(t | x)
+            logp_t, entropy_t = self.timestep_logprob(h0, chosen, p.temperature, with_entropy)
+            logp_flat = logp_flat + logp_t
+            entropy_flat = None if entropy_flat is None else entropy_flat + entropy_t
 
         def scatter(flat: Tensor) -> Tensor:  # [B] → [N, T], zeros at padding
             out = torch.zeros(n, t, device=flat.device, dtype=flat.dtype)
             return out.index_put((rows.to(flat.device), steps.to(flat.device)), flat)
 
-        values = scatter(self.value(h).squeeze(-1).float()) if self.value is not None else None
+        values = scatter(self.value(h0).squeeze(-1).float()) if self.value is not None else None
         return PolicyOutput(logp=scatter(logp_flat), entropy=None if entropy_flat is None else scatter(entropy_flat),
                             values=values)
 
-    def sft_loss(self, examples: Sequence[Any], targets: Sequence[Any]) -> Tensor:
+    def sft_loss(self, examples: Sequence[Any], targets: Sequence[Any], timestep: int | None = None) -> Tensor:
         """Behaviour cloning: mean NLL per action dimension of the expert's action chunks (a squashed head:
         of their pre-squash values, see :data:`BC_TANH_MARGIN`).
+
+        With ``context_smoothing`` (CSP) each sample sees its context noised at a level t ~ U{0..K−1} (or at
+        ``timestep`` for all, e.g. 0 to measure precise imitation), seeded by ``init_seed`` and the number of
+        earlier draws (no global RNG).
 
         ``targets[i]`` is a demonstration with ``images [T,H,W,3]``, ``proprio [T,P]``,
         ``instruction`` and ``actions [T,A]``; the decision at step t predicts actions
@@ -491,7 +628,7 @@ class VLAPolicy(Policy):
             ids.append(instruction_ids([demo.instruction], self.cfg.vocab_buckets)[0].expand(steps, -1))
         width = max(x.shape[1] for x in ids)
         ids = torch.cat([F.pad(x, (0, width - x.shape[1])) for x in ids])
-        h = self.features(torch.cat(images), torch.cat(proprio), ids)
+        h = self.features(torch.cat(images), torch.cat(proprio), ids, *self.bc_context_levels(len(ids), timestep))
         target = torch.cat(chunks).to(self.device)
         if self.cfg.action_head == "consistency":
             return self.consistency_bc_loss(h, target.clamp(-1, 1))
@@ -501,6 +638,20 @@ class VLAPolicy(Policy):
             target = torch.atanh(target.clamp(-1 + BC_TANH_MARGIN, 1 - BC_TANH_MARGIN))
         logp, _ = self.action_logprob(h, target, 1.0)
         return -logp.mean() / target.shape[1]
+
+    def bc_context_levels(self, rows: int, timestep: int | None) -> tuple[Tensor | None, Tensor | None]:
+        """CSP's context levels [rows] and noise seeds [rows] for a behaviour-cloning batch (Nones without
+        ``context_smoothing``): t ~ U{0..K−1}, or ``timestep`` for every row."""
+        smoothing = self.cfg.context_smoothing
+        if smoothing is None:
+            return None, None
+        if timestep is not None and not 0 <= timestep < smoothing.levels:
+            raise ValueError(f"timestep must be in [0, {smoothing.levels}), got {timestep}")
+        generator = torch.Generator().manual_seed(derive_seed(self.cfg.init_seed, 98, self.bc_draws))
+        self.bc_draws += 1
+        t = (torch.randint(smoothing.levels, (rows,), generator=generator) if timestep is None
+             else torch.full((rows,), timestep, dtype=torch.long))
+        return t, torch.randint(0, 2 ** 62, (rows,), generator=generator)
 
     def consistency_bc_loss(self, h: Tensor, actions: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """The consistency head's BC loss (:meth:`ConsistencyHead.bc_loss`) of ``actions`` [B, chunk·A] under
