@@ -23,7 +23,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from mmrl.core import checkpoint as ckpt
-from mmrl.core.config import TrainConfig, build, load_yaml
+from mmrl.core.config import load_config
 from mmrl.envs.driving.render import render_bev
 from mmrl.core.registry import make_policy, make_task
 from mmrl.core.warm_start import warm_start_path
@@ -33,7 +33,7 @@ CBV_COLOUR = (255, 220, 0)
 
 def load_policies(run: Path):
     """(imitation start, fine-tuned) policies of a run folder and its task (a RIFT task of either simulator)."""
-    cfg = build(TrainConfig, load_yaml(run / "config.yaml"))
+    cfg = load_config(str(run / "config.yaml"))  # validated: typed args, the key the trainer cached under
     before, after = (make_policy(cfg.policy.name, cfg.policy.args) for _ in range(2))
     start = warm_start_path(cfg)
     if not start.is_dir():

@@ -187,3 +187,21 @@ def test_mloo_scores_a_states_sampled_rows_together():
     assert all(-1.0 <= r.score <= 1.0 and r.components["mloo"] == r.score for r in results)
     assert mloo.reward(a, 7).score == pytest.approx(plain.reward(a, 7).score)
     assert plain.reward_batch(rows, outputs)[1].score == plain.reward(a, 7).score  # other rewards: row by row
+
+
+def test_closed_loop_evaluation_finds_the_warm_start_of_an_rlftsim_run(tmp_path, monkeypatch):
+    """rift_eval reads the run's config validated (typed task args), so it looks for the warm start under the key the
+    trainer cached it (the rlftsim weights at their defaults are left out of that key)."""
+    from mmrl.core.trainer import train
+    from mmrl.tasks.driving.rift_eval import load_policies
+
+    monkeypatch.setenv("MMRL_CACHE", str(tmp_path / "cache"))
+    cfg = load_config(str(ROOT / "configs/rlftsim/mloo_tiny_cpu.yaml"), [
+        "log.progress=false", "log.tensorboard=false", "task.args.train_pool=4", "warm_start.sft_steps=3",
+        "warm_start.batch_size=4", "rollout.prompts_per_step=2", "trainer.steps=1", "trainer.ppo_epochs=1",
+        "trainer.minibatches=1", "eval.every=1", "eval.num_examples=2", "checkpoint.every=1"])
+    run = train(cfg, tmp_path / "run")
+    before, after, task = load_policies(run)
+    assert task.cfg.reward == "rlftsim_mloo"
+    state = task.sample_batch("test", 1, np.random.default_rng(0))[0]
+    assert 0 <= before.choose(state.features, state.context) < len(state.candidates)
