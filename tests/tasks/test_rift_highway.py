@@ -165,7 +165,8 @@ def test_traffic_view_lists_everyone_but_the_cbv_in_road_order(states):
 
 
 def test_the_recipes_build_their_tasks():
-    for recipe, reward in (("configs/rift/highway_tiny_cpu.yaml", "rift"), ("configs/rlftsim/highway_tiny_cpu.yaml", "rlftsim")):
+    for recipe, reward in (("configs/rift/highway_tiny_cpu.yaml", "rift"), ("configs/rlftsim/highway_tiny_cpu.yaml", "rlftsim"),
+                           ("configs/rlftsim/highway_mloo_tiny_cpu.yaml", "rlftsim_mloo")):
         cfg = load_config(recipe)
         task = make_task(cfg.task.name, cfg.task.args)
         assert task.id == TASK and task.cfg.reward == reward
