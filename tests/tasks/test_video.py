@@ -10,7 +10,6 @@ import json
 
 import numpy as np
 import pytest
-
 import torch
 
 from mmrl.cli import main
