@@ -165,7 +165,7 @@ class WarmStartConfig:
     """Reuse a warm start built before with the same task, policy and warm-start config."""
     vision_steps: int = 0
     """> 0: before SFT, pretrain the policy's vision encoder this many AdamW steps on the task's
-    image labels (a linear head on pooled image features), the CPU analogue of a VLM's pretrained
+    image (or video) labels (a linear head on pooled vision features), the CPU analogue of a VLM's pretrained
     ViT. The task must define ``vision_classes`` and ``vision_label`` (mmrl.core.warm_start.VisionLabels)."""
     vision_lr: float = 3e-3
     """Learning rate of that vision pretraining (used only when ``vision_steps > 0``)."""

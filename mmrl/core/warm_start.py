@@ -67,12 +67,13 @@ def warm_start_path(cfg: TrainConfig) -> Path:
 
 @runtime_checkable
 class VisionLabels(Protocol):
-    """A task whose images carry a class label for vision pretraining (``warm_start.vision_steps``)."""
+    """A task whose images (or videos: one per example) carry a class label for vision pretraining
+    (``warm_start.vision_steps``)."""
 
     vision_classes: int
 
     def vision_label(self, example: Any) -> int:
-        """The image's class in ``[0, vision_classes)``."""
+        """The example's image (or video) class in ``[0, vision_classes)``."""
         ...
 
 
@@ -193,7 +194,7 @@ def warm_start_examples(task: Any, cfg: TrainConfig) -> list[Any]:
 
 def pretrain_vision(policy: Policy, task: Any, cfg: TrainConfig, rng: np.random.Generator) -> list[float]:
     """``warm_start.vision_steps`` AdamW steps on the vision encoder alone: cross-entropy of a
-    linear head on the pooled image features against the task's ``vision_label``.
+    linear head on the pooled image (or video) features against the task's ``vision_label``.
 
     Why: real VLMs start from a pretrained ViT (Qwen2.5-VL, arXiv 2502.13923, §2.2); a randomly
     initialised tiny tower's features can differ between classes by a few per cent of their norm,

@@ -577,14 +577,23 @@ class VLMPolicy(Policy):
         return self.base_model.model.visual
 
     def pooled_image_features(self, examples: Sequence[Any]) -> Tensor:
-        """[N, 2·D]: mean and max over each example's merged image tokens (the vectors the LM reads),
-        for one image per example; with gradients into the vision encoder."""
+        """[N, 2·D]: mean and max over each example's merged vision tokens (the vectors the LM reads),
+        for exactly one image per example, or exactly one video and no image; with gradients into the
+        vision encoder."""
         prompts = self.encode(examples)
-        if prompts.pixel_values is None or not bool((prompts.images_per_row == 1).all()):
-            raise ValueError("pooled_image_features needs exactly one image per example")
         device = self.suppressed.device
-        tokens = self.base_model.model.get_image_features(prompts.pixel_values.to(device),
-                                                          prompts.image_grid_thw.to(device)).pooler_output
+        model = self.base_model.model
+        if prompts.pixel_values is not None and bool((prompts.images_per_row == 1).all()) and \
+                prompts.videos_per_row is None:
+            tokens = model.get_image_features(prompts.pixel_values.to(device),
+                                              prompts.image_grid_thw.to(device)).pooler_output
+        elif prompts.pixel_values is None and prompts.videos_per_row is not None and \
+                bool((prompts.videos_per_row == 1).all()):
+            tokens = model.get_video_features(prompts.pixel_values_videos.to(device),
+                                              prompts.video_grid_thw.to(device)).pooler_output
+        else:
+            raise ValueError("pooled_image_features needs exactly one image per example, or exactly one video "
+                             "and no image per example")
         return torch.stack([torch.cat([t.mean(0), t.amax(0)]) for t in tokens])
 
     def sft_loss(self, examples: Sequence[Any], targets: Sequence[str]) -> Tensor:

@@ -234,6 +234,31 @@ class MotionTask:
         low, high = SPLIT_SEEDS[split]
         return [self.example_from_seed(int(seed)) for seed in rng.integers(low, high, size=n, dtype=np.int64)]
 
+    @property
+    def vision_classes(self) -> int:
+        """Classes of :meth:`vision_label`: the target's colour × what it does (4 directions, or 1..num_frames shown)."""
+        return len(self.cfg.colors) * (len(DIRECTIONS) + self.cfg.num_frames)
+
+    def vision_label(self, example: MotionExample) -> int:
+        """Perception label for ``warm_start.vision_steps``: the asked-about shape's colour and what it
+        does in the video (the direction it moves, or in how many frames it is shown), as one class:
+        what the reference ``<think>`` states. Pretraining on it gives the vision tower features that
+        differ between frames (the CPU analogue of a pretrained video encoder), before SFT ties the
+        language model to them.
+
+        >>> task = MotionTask(MotionConfig(question="mixed"))
+        >>> [(e.question, e.shapes[0].color, e.direction or e.answer, task.vision_label(e))
+        ...  for e in map(task.example_from_seed, (0, 1, 6))]
+        [('count', 'blue', '1', 20), ('direction', 'red', 'left', 0), ('direction', 'blue', 'right', 17)]
+        """
+        events = len(DIRECTIONS) + self.cfg.num_frames
+        target = example.shapes[0]
+        if example.question == "count":
+            event = len(DIRECTIONS) + target.last - target.first  # shown in 1..num_frames frames
+        else:
+            event = tuple(DIRECTIONS).index(example.direction)
+        return self.cfg.colors.index(target.color) * events + event
+
     def reward(self, example: MotionExample, output: str) -> RewardResult:
         return answer_reward(output, example.answer, self.cfg.format_weight)
 

@@ -225,3 +225,25 @@ def test_bad_video_input_gives_one_clear_error_naming_the_example(policy, tmp_pa
     with pytest.raises(ValueError, match=r"text tokens \+ 0 image tokens \+ 8 video tokens = \d+ > "
                                          r"policy.args.max_prompt_tokens = 30"):
         tiny_policy(max_prompt_tokens=30).encode([good])
+
+
+def test_pooled_features_of_video_rows_reach_the_vision_tower(policy):
+    """Vision pretraining (``warm_start.vision_steps``) pools a video's merged tokens as it pools an image's:
+    mean and max of the vectors the LM reads, with gradients into the vision tower; a row that shows
+    both, neither, or several is refused."""
+    red, blue = moving_square(4, 56, 56, (220, 30, 30)), moving_square(4, 56, 56, (30, 60, 220))
+    examples = [Example("<video>?", (), (red,)), Example("<video>?", (), (blue,)), Example("<video>?", (), (red[::-1],))]
+    policy.zero_grad(set_to_none=True)
+    features = policy.pooled_image_features(examples)
+    assert features.shape == (3, 2 * 128)  # out_hidden_size 128 of the tiny spec, mean ⊕ max
+    assert (features[0] - features[1]).abs().max() > 1e-3 and (features[0] - features[2]).abs().max() > 1e-3
+    features.sum().backward()
+    assert all(p.grad is not None for p in policy.vision_encoder.parameters() if p.requires_grad)
+    policy.zero_grad(set_to_none=True)
+    images = policy.pooled_image_features([Example("<image>?", (still(56, 56, (1, 2, 3)),))])
+    assert images.shape == (1, 2 * 128)
+    for bad in ([examples[0], Example("<image>?", (still(56, 56, (1, 2, 3)),))],
+                [Example("<image><video>?", (still(56, 56, (1, 2, 3)),), (red,))],
+                [Example("<video><video>?", (), (red, blue))], [Example("text", ())]):
+        with pytest.raises(ValueError, match="exactly one image per example, or exactly one video"):
+            policy.pooled_image_features(bad)
