@@ -9,8 +9,9 @@ or ``warm_start``: the recipe's own warm start (``mmrl.core.warm_start.build_ini
 from ``$MMRL_CACHE`` or trained there first). Examples: ``--num-examples`` of ``--split`` drawn
 with ``--seed`` (the trainer's held-out set for the recipe's ``eval.num_examples`` and
 ``eval.seed``), greedy, ``rollout.max_new_tokens``. The score of an example is its reward
-component ``--component`` (e.g. ``tree`` for CurveBench's rooted tree accuracy), or the whole
-reward without it.
+component ``--component`` (e.g. ``tree`` for CurveBench's rooted tree accuracy), a task metric of the
+example alone ``--metric`` (e.g. ``success_rate``), or the whole reward without either; several,
+comma-separated, are measured on the same answers (one JSON line each, named by ``measure``).
 
 Why paired: both policies answer the same examples, so the standard error of the gain is that of
 the per-example differences, sd(d) / sqrt(n), smaller than the two unpaired errors combined when
@@ -49,16 +50,27 @@ def load_policy(recipe: str, model: str, overrides: list[str]) -> tuple[TrainCon
 
 
 @torch.no_grad()
-def scores(policy: Any, task: Any, cfg: TrainConfig, examples: list[Any], component: str | None) -> np.ndarray:
-    """[n] greedy score of each example, in the order of ``examples``."""
+def scores(policy: Any, task: Any, cfg: TrainConfig, examples: list[Any], components: list[str | None],
+           metrics: list[str] = ()) -> dict[str, np.ndarray]:
+    """[n] greedy score of each example (in the order of ``examples``) per measure: the whole reward
+    (component None, named ``reward``), a reward component, or a task metric computed on the example alone
+    (``task.metrics([example], [output], [result])[name]``, e.g. a success rate that no component holds)."""
     policy.eval()
     rollout = policy.rollout(examples, 1, SamplingParams(0.0, 1.0, cfg.rollout.max_new_tokens), 0)
     results = verify(task, cfg.task.name, rollout, examples)
-    out = np.full(len(examples), math.nan)
-    for i, r in zip(rollout.example_index.tolist(), results):
-        if component is not None and component not in r.components:
-            raise KeyError(f"--component {component!r}: the reward has components {sorted(r.components)}")
-        out[i] = r.components[component] if component is not None else r.score
+    names = [c or "reward" for c in components] + list(metrics)
+    out = {name: np.full(len(examples), math.nan) for name in names}
+    for i, output, r in zip(rollout.example_index.tolist(), rollout.outputs, results):
+        for component in components:
+            if component is not None and component not in r.components:
+                raise KeyError(f"--component {component!r}: the reward has components {sorted(r.components)}")
+            out[component or "reward"][i] = r.components[component] if component is not None else r.score
+        if metrics:
+            alone = task.metrics([examples[i]], [output], [r])
+            for name in metrics:
+                if name not in alone:
+                    raise KeyError(f"--metric {name!r}: the task's metrics are {sorted(alone)}")
+                out[name][i] = alone[name]
     return out
 
 
@@ -78,20 +90,28 @@ def main() -> None:
     parser.add_argument("recipe", help="the recipe both policies belong to, e.g. configs/curvebench/tiny_cpu.yaml")
     parser.add_argument("--before", required=True, help=f"run folder, mmrl sft folder, or {WARM_START}")
     parser.add_argument("--after", required=True, help=f"run folder, mmrl sft folder, or {WARM_START}")
-    parser.add_argument("--component", help="reward component to compare (default: the whole reward)")
+    parser.add_argument("--component", help="reward component(s) to compare, comma-separated; 'reward' is the whole "
+                                            "reward (the default when neither --component nor --metric is given)")
+    parser.add_argument("--metric", help="task metric(s) of each example alone, comma-separated (e.g. success_rate)")
     parser.add_argument("--split", default="test")
     parser.add_argument("--num-examples", type=int, default=200)
     parser.add_argument("--seed", type=int, default=1234, help="seed of the held-out examples (eval.seed)")
-    parser.add_argument("overrides", nargs="*", help="recipe overrides for both policies")
+    parser.add_argument("overrides", nargs="*", help="recipe overrides for both policies (right after the recipe)")
     args = parser.parse_args()
+    components = [None if c == "reward" else c for c in args.component.split(",")] if args.component else []
+    metrics = args.metric.split(",") if args.metric else []
+    if not components and not metrics:
+        components = [None]
     per_model = []
     for model in (args.before, args.after):
         cfg, policy = load_policy(args.recipe, model, args.overrides)
         task = make_task(cfg.task.name, cfg.task.args)
         examples = task.sample_batch(args.split, args.num_examples, np.random.default_rng(args.seed))
-        per_model.append(scores(policy, task, cfg, examples, args.component))
-    summary = paired_summary(*per_model)
-    print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in summary.items()}))
+        per_model.append(scores(policy, task, cfg, examples, components, metrics))
+    for name in per_model[0]:
+        summary = paired_summary(per_model[0][name], per_model[1][name])
+        line = {k: round(v, 4) if isinstance(v, float) else v for k, v in summary.items()}
+        print(json.dumps(line if len(per_model[0]) == 1 else {"measure": name} | line))
 
 
 if __name__ == "__main__":
