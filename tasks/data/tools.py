@@ -3,7 +3,9 @@
 A call is written ``<tool>name(arguments)</tool>`` anywhere in an answer; :func:`find_call` reads it and
 :func:`run_tool` answers it with a string. Both are total: a malformed call, an unknown tool or arguments the
 tool refuses give an ``error: ...`` string (the policy reads it as the tool's result, as it would any other),
-never an exception. A tool is a plain function ``str -> str`` in :data:`TOOLS`.
+never an exception. A tool is a plain function ``str -> str`` in :data:`TOOLS`. The error strings use only letters,
+digits, spaces, ``.,:()<>/=+-*`` and the text of the call itself, so a character-level vocabulary that can write
+calls (``configs/data/tool_tiny_cpu.yaml``) can read them.
 
 >>> calc("7+3"), calc("(2+4)*3/4"), calc("2**100")
 ('10', '4.5', 'error: only + - * / on integers (found Pow)')
@@ -76,7 +78,7 @@ def _evaluate(node: ast.AST) -> Fraction:
             raise CalcRefused("division by zero")
         return _bounded(left / right)
     if isinstance(node, ast.Name):
-        raise CalcRefused(f"unknown name {node.id!r}")
+        raise CalcRefused(f"unknown name {node.id}")
     if isinstance(node, ast.Attribute):
         raise CalcRefused("attribute access is not allowed")
     what = type(node.op).__name__ if isinstance(node, (ast.BinOp, ast.UnaryOp)) else type(node).__name__
@@ -110,11 +112,11 @@ def find_call(output: str) -> tuple[str, str] | str:
     """The first call of ``output`` as (tool name, arguments), or an ``error: ...`` string for a malformed one.
 
     >>> find_call("<tool>calc(7+3)</tool>"), find_call("<tool>calc 7+3</tool>")
-    (('calc', '7+3'), 'error: malformed call; write <tool>name(arguments)</tool>')
+    (('calc', '7+3'), 'error: malformed call, write <tool>name(arguments)</tool>')
     """
     match = CALL_PATTERN.search(output)
     if match is None:
-        return f"error: malformed call; write {CALL_OPEN}name(arguments){CALL_CLOSE}"
+        return f"error: malformed call, write {CALL_OPEN}name(arguments){CALL_CLOSE}"
     return match.group(1), match.group(2)
 
 
@@ -126,5 +128,5 @@ def run_tool(output: str, allowed: tuple[str, ...]) -> str:
         return call
     name, arguments = call
     if name not in allowed:
-        return f"error: unknown tool {name!r} (tools: {', '.join(allowed)})"
+        return f"error: unknown tool {name} (tools: {', '.join(allowed)})"
     return TOOLS.get(name)(arguments)
