@@ -5,6 +5,8 @@
   (1-3); the answer is the assistant turn ("red", "2").
 - ``arith_train.jsonl`` / ``arith_test.jsonl``: one-step arithmetic word problems in the EasyR1 layout
   (``problem``, ``answer``), e.g. "Ann has 3 cats and gets 4 more. How many cats?" → "7".
+- ``arith_tool_train.jsonl`` / ``arith_tool_test.jsonl``: the same rows with an ``expression`` column ("3+4"), the
+  calculator call of the tool-use recipe's reference transcripts (configs/data/tool_tiny_cpu.yaml).
 
 Run from the repository root:  python scripts/make_example_data.py
 """
@@ -61,13 +63,16 @@ def vqa_row(rng: np.random.Generator, image_path: Path, relative: str, index: in
 
 
 def arith_row(rng: np.random.Generator) -> dict:
-    """One word problem: ``a + b`` (gets more) or ``a - b`` (gives away), single digits, answer >= 0."""
+    """One word problem: ``a + b`` (gets more) or ``a - b`` (gives away), single digits, answer >= 0; with the
+    ``expression`` that computes it."""
     name, thing = NAMES[int(rng.integers(len(NAMES)))], THINGS[int(rng.integers(len(THINGS)))]
     a, b = (int(v) for v in rng.integers(1, 10, size=2))
     if rng.random() < 0.5:
-        return {"problem": f"{name} has {a} {thing}s and gets {b} more. How many {thing}s?", "answer": str(a + b)}
+        return {"problem": f"{name} has {a} {thing}s and gets {b} more. How many {thing}s?", "answer": str(a + b),
+                "expression": f"{a}+{b}"}
     a, b = max(a, b), min(a, b)
-    return {"problem": f"{name} has {a} {thing}s and gives away {b}. How many {thing}s?", "answer": str(a - b)}
+    return {"problem": f"{name} has {a} {thing}s and gives away {b}. How many {thing}s?", "answer": str(a - b),
+            "expression": f"{a}-{b}"}
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> None:
@@ -93,7 +98,9 @@ def main() -> None:
             index += 1
         write_jsonl(out / f"{split}.jsonl", rows)
     for split, count in zip(("train", "test"), args.arith):
-        write_jsonl(out / f"arith_{split}.jsonl", [arith_row(rng) for _ in range(count)])
+        rows = [arith_row(rng) for _ in range(count)]
+        write_jsonl(out / f"arith_{split}.jsonl", [{k: v for k, v in row.items() if k != "expression"} for row in rows])
+        write_jsonl(out / f"arith_tool_{split}.jsonl", rows)
     total = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     print(f"wrote {out}: {index} images, {total / 1024:.0f} KiB in all")
 

@@ -47,6 +47,10 @@ def key_before_vision_pretraining(cfg) -> str:
             del task["args"]["reward"]
         if task["args"].get("rlftsim") == to_dict(RlftsimWeights()):
             del task["args"]["rlftsim"]
+    if cfg.task.name == "data/rows-v0":  # and the tool options, each left out at its default
+        for key, default in (("tools", []), ("tool_result_template", "\n={result}\nA:"), ("tool_reference", None)):
+            if task["args"].get(key, default) == default:
+                task["args"].pop(key, None)
     return json.dumps({"task": task, "policy": policy, "warm_start": ws}, sort_keys=True)
 
 

@@ -146,6 +146,11 @@ class AlgoConfig:
     """Multi-turn feedback-guided RL (seed #28): a row that fails gets the task's feedback
     (``task.feedback``) as a user turn and is answered again, up to this many extra turns; the new answers
     join their prompt's group (``extra.feedback_turns``; mmrl/algos/variants/hooks.py ``FeedbackTurns``). 0: off."""
+    tool_turns: int = 0
+    """Tool calls (issue 25): an answer that calls one of the task's tools (``task.call``) gets the result as the next
+    turn and the policy continues, up to this many calls per episode (one more ends it at the floor reward); every
+    turn is a row of its prompt's group carrying the episode's final score (mmrl/core/episodes.py; hooks.py
+    ``ToolTurns``). Held-out evaluation runs the same episodes. 0: off."""
 
     ssb: bool = False
     """Semantic Soft Bootstrapping (SSB, seed #73): for groups with a correct and a wrong answer, the model is

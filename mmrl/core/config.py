@@ -338,7 +338,7 @@ FIELD_RANGES: dict[str, Range] = {
     "algo.kl_coef": AT_LEAST_0, "algo.entropy_coef": AT_LEAST_0, "algo.bc_coef": AT_LEAST_0,
     "algo.bc_kl_threshold": POSITIVE, "algo.bc_batch_size": AT_LEAST_1, "algo.value_coef": AT_LEAST_0,
     "algo.value_clip": POSITIVE, "algo.value_huber_delta": POSITIVE, "algo.adv_clip": POSITIVE,
-    "algo.max_gen_rounds": AT_LEAST_1, "algo.feedback_turns": AT_LEAST_0, "algo.overlong_max_len": AT_LEAST_1, "algo.overlong_buffer": AT_LEAST_0,
+    "algo.max_gen_rounds": AT_LEAST_1, "algo.feedback_turns": AT_LEAST_0, "algo.tool_turns": AT_LEAST_0, "algo.overlong_max_len": AT_LEAST_1, "algo.overlong_buffer": AT_LEAST_0,
     "algo.overlong_factor": AT_LEAST_0,
 }
 
@@ -512,6 +512,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     if cfg.trainer.ref_model == "adapter_disabled" and cfg.warm_start.sft_steps > 0:
         problems.append("trainer.ref_model: adapter_disabled would make the pre-warm-start base the reference; "
                         "use trainer.ref_model: copy with a warm start")
+    if a.tool_turns and a.feedback_turns:
+        problems.append("algo.tool_turns and algo.feedback_turns both add later turns to an episode: use one of them")
     if a.guide and cfg.trainer.recompute_logp_old:
         problems.append("algo.guide trains hinted rows with π_old(y | x, hint) as π_old: trainer.recompute_logp_old "
                         "would replace it with π_old(y | x) and undo the correction")

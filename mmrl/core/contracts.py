@@ -177,6 +177,25 @@ class FeedbackTask(Protocol):
 
 
 @runtime_checkable
+class ToolTask(Protocol):
+    """A task whose answers may call tools (``algo.tool_turns``): an episode is several model turns, each call
+    answered by the task's tool as the next turn, until an output holds no call (the final answer).
+
+    ``reward(example, output)`` of an output that holds a call scores the floor of ``reward_range``: a call is
+    no answer (so an episode cut off after too many calls, or a run without ``algo.tool_turns``, scores it so)."""
+
+    def call(self, example: Any, output: Any) -> str | None:
+        """The turn after ``output`` when it holds a call: the tool's result (an error string for a malformed
+        call, never an exception), with whatever re-prompt the task's format needs; None: a final answer."""
+        ...
+
+    def reference_turns(self, example: Any) -> tuple[tuple[Any, Any], ...]:
+        """A correct episode for the supervised warm start: (context, output) pairs, the context of a later turn
+        a :class:`FollowUp` holding the earlier outputs and tool results. One pair when no tool is called."""
+        ...
+
+
+@runtime_checkable
 class HintedTask(Protocol):
     """A task that can put a hint toward an example's answer into its context (Guide, ``algo.guide``)."""
 

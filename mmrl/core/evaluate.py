@@ -29,6 +29,7 @@ import torch
 from mmrl.core.config import (ConfigError, TrainConfig, apply_overrides, build, read_recipe, resolve_recipe, to_dict,
                               validate)
 from mmrl.core.contracts import Policy, RewardResult
+from mmrl.core.episodes import episode_results, run_tool_episodes, tool_metrics
 from mmrl.core.logging import HeldOutSample
 from mmrl.core.rollout import Rollout, SamplingParams, derive_seed
 
@@ -59,6 +60,20 @@ def verify(task: Any, task_id: str, rollout: Rollout, examples: Sequence[Any]) -
         except Exception as err:  # a reward must be total; say which task and output broke it
             raise RuntimeError(f"{task_id}.reward raised on output {output!r}: {err}") from err
     return results
+
+
+def answer(policy: Policy, task: Any, task_id: str, examples: Sequence[Any], group_size: int,
+           sampling: SamplingParams, seed: int, tool_turns: int) -> tuple[Rollout, list[RewardResult], dict[str, float]]:
+    """``group_size`` answers per example and their verdicts. With ``tool_turns`` > 0 (``algo.tool_turns``) each
+    answer is the last turn of an episode of up to that many tool calls (:mod:`mmrl.core.episodes`), and the
+    metrics ``tool_use_rate``, ``tool_calls_mean``, ``tool_overrun_rate`` come with it; else a plain rollout."""
+    rollout = policy.rollout(examples, group_size, sampling, seed)
+    if tool_turns == 0:
+        return rollout, verify(task, task_id, rollout, examples), {}
+    episodes = run_tool_episodes(rollout, examples, task, policy.rollout, sampling, seed, tool_turns)
+    finals = episodes.rollout.select(episodes.final)
+    results = episode_results(episodes, verify(task, task_id, finals, examples), float(task.reward_range[0]))
+    return finals, results, tool_metrics(episodes)
 
 
 def rollout_metrics(task: Any, examples: Sequence[Any], rollout: Rollout,
@@ -139,15 +154,17 @@ def held_out_metrics(policy: Policy, task: Any, cfg: TrainConfig, engine: Any, a
     e = cfg.eval
     examples = all_examples[engine.rank::engine.world_size]
     seed = derive_seed(e.seed, step, engine.rank) if index == 0 else derive_seed(e.seed, step, engine.rank, 100 + index)
-    rollout = policy.rollout(examples, 1, SamplingParams(e.temperature, 1.0, cfg.rollout.max_new_tokens), seed)
-    results = verify(task, cfg.task.name, rollout, examples)
+    tools = cfg.algo.tool_turns
+    rollout, results, tool_use = answer(policy, task, cfg.task.name, examples, 1,
+                                        SamplingParams(e.temperature, 1.0, cfg.rollout.max_new_tokens), seed, tools)
     samples = [HeldOutSample(examples[i], output, result) for i, output, result
                in zip(rollout.example_index.tolist()[:cfg.log.num_samples], rollout.outputs, results)]
-    metrics = rollout_metrics(task, examples, rollout, results)
+    metrics = rollout_metrics(task, examples, rollout, results) | tool_use
     if e.pass_k and index == 0:
-        sampled = policy.rollout(examples, e.pass_k, SamplingParams(e.pass_temperature, 1.0, cfg.rollout.max_new_tokens),
-                                 derive_seed(e.seed, step, engine.rank, 1))
-        scores = torch.tensor([r.score for r in verify(task, cfg.task.name, sampled, examples)], dtype=torch.float64)
+        sampled, verdicts, _ = answer(policy, task, cfg.task.name, examples, e.pass_k,
+                                      SamplingParams(e.pass_temperature, 1.0, cfg.rollout.max_new_tokens),
+                                      derive_seed(e.seed, step, engine.rank, 1), tools)
+        scores = torch.tensor([r.score for r in verdicts], dtype=torch.float64)
         metrics[f"pass@{e.pass_k}"] = pass_at_k(scores, sampled.example_index, len(examples), e.pass_threshold)
         metrics[f"mean@{e.pass_k}"] = float(scores.mean())
     n, total = len(results), engine.sum(len(results))
@@ -170,6 +187,8 @@ class EvalSettings:
     """Samples per example for pass@k (≥ k; None: n = k, where pass@k is "any of the k samples passes")."""
     pass_temperature: float = 1.0
     pass_threshold: float = 1.0
+    tool_turns: int = 0
+    """> 0: answers are the last turns of episodes of up to this many tool calls (a run's ``algo.tool_turns``)."""
 
 
 @torch.no_grad()
@@ -177,12 +196,15 @@ def evaluate_policy(policy: Policy, task: Any, task_id: str, s: EvalSettings) ->
     """Held-out metrics of ``policy`` on ``s.num_examples`` examples of ``s.split`` (one process)."""
     policy.eval()
     examples = task.sample_batch(s.split, s.num_examples, np.random.default_rng(s.seed))
-    rollout = policy.rollout(examples, 1, SamplingParams(s.temperature, 1.0, s.max_new_tokens), s.seed)
-    metrics = rollout_metrics(task, examples, rollout, verify(task, task_id, rollout, examples))
+    rollout, results, tool_use = answer(policy, task, task_id, examples, 1,
+                                        SamplingParams(s.temperature, 1.0, s.max_new_tokens), s.seed, s.tool_turns)
+    metrics = rollout_metrics(task, examples, rollout, results) | tool_use
     n = s.k if s.n is None else s.n
     if s.k > 1 or n > 1:
-        sampled = policy.rollout(examples, n, SamplingParams(s.pass_temperature, 1.0, s.max_new_tokens), s.seed + 1)
-        scores = torch.tensor([r.score for r in verify(task, task_id, sampled, examples)], dtype=torch.float64)
+        sampled, verdicts, _ = answer(policy, task, task_id, examples, n,
+                                      SamplingParams(s.pass_temperature, 1.0, s.max_new_tokens), s.seed + 1,
+                                      s.tool_turns)
+        scores = torch.tensor([r.score for r in verdicts], dtype=torch.float64)
         curve = pass_at_k_curve(scores, sampled.example_index, len(examples), curve_ks(s.k), s.pass_threshold)
         metrics |= {f"pass@{k}": value for k, value in curve.items()}
         metrics[f"mean@{n}"] = float(scores.mean())
@@ -284,7 +306,8 @@ def evaluate_target(target: str, model: str | None, overrides: Sequence[str], sp
     task = make_task(cfg.task.name, cfg.task.args)
     # pass@k samples and threshold as the config's evaluation defines them (a run's own settings)
     s = dataclasses.replace(s, max_new_tokens=max_new_tokens or cfg.rollout.max_new_tokens,
-                            pass_temperature=cfg.eval.pass_temperature, pass_threshold=cfg.eval.pass_threshold)
+                            pass_temperature=cfg.eval.pass_temperature, pass_threshold=cfg.eval.pass_threshold,
+                            tool_turns=cfg.algo.tool_turns)
     with contextlib.ExitStack() as stack:
         if extrapolate_logits is not None:
             from mmrl.policies.logits_extrapolation import logits_extrapolation

@@ -21,7 +21,7 @@ import torch
 from tqdm.auto import tqdm
 
 from mmrl.core.config import TrainConfig, to_dict
-from mmrl.core.contracts import Policy
+from mmrl.core.contracts import Policy, ToolTask
 from mmrl.core.paths import cache_root
 from mmrl.core.registry import make_policy, make_task
 
@@ -34,7 +34,8 @@ KEY_FIELDS_WHEN_ON = {"vision_steps": ("vision_steps", "vision_lr"), "init_from"
 # Component arguments added after caches existed: left out of the key while at their defaults.
 POLICY_ARGS_ADDED_LATER = ("video", "share_prompts_under_checkpointing", "squash", "consistency_levels",
                            "consistency_steps", "consistency_width", "context_smoothing", "timestep_policy")
-TASK_ARGS_ADDED_LATER = {"driving/rift-v0": ("reward", "rlftsim")}
+TASK_ARGS_ADDED_LATER = {"driving/rift-v0": ("reward", "rlftsim"),
+                         "data/rows-v0": ("tools", "tool_result_template", "tool_reference")}
 
 
 def _without_later_defaults(component: Any, names: tuple[str, ...]) -> dict:
@@ -135,7 +136,9 @@ Pairs = Callable[[np.random.Generator], tuple[list[Any], list[Any]]]
 
 def sft(policy: Policy, cfg: TrainConfig, steps: int | None = None,
         on_step: Callable[[int, float], None] | None = None) -> list[float]:
-    """``warm_start.sft_steps`` (or ``steps``) AdamW steps of supervised fine-tuning on reference outputs.
+    """``warm_start.sft_steps`` (or ``steps``) AdamW steps of supervised fine-tuning on reference outputs (for a
+    :class:`~mmrl.core.contracts.ToolTask`, every turn of each example's reference episode: a batch of
+    ``batch_size`` examples may then hold more rows).
 
     ``on_step(step, loss)`` is called once before the first step (step 0, loss NaN: after any vision
     pretraining) and after each step: learning-curve probes evaluate there (scripts/results/sft_probe.py),
@@ -148,6 +151,9 @@ def sft(policy: Policy, cfg: TrainConfig, steps: int | None = None,
 
     def reference_batch(rng: np.random.Generator) -> tuple[list[Any], list[Any]]:
         examples = task.sample_batch("train", ws.batch_size, rng)
+        if isinstance(task, ToolTask):  # every turn of each reference episode: a tool call, then the answer, ...
+            pairs = [pair for ex in examples for pair in task.reference_turns(ex)]
+            return [context for context, _ in pairs], [output for _, output in pairs]
         return examples, [task.reference_output(ex) for ex in examples]
 
     return fit(policy, reference_batch, rng, ws.sft_steps if steps is None else steps, ws.lr,

@@ -71,7 +71,9 @@ def char_tokenizer(chars: str) -> PreTrainedTokenizerFast:
         raise ValueError(f"tokenizer_chars has repeated characters: {chars!r}")
     vocab = {PAD: 0, EOS: 1, **{c: i + 2 for i, c in enumerate(chars)}}
     tok = Tokenizer(models.WordLevel(vocab, unk_token=None))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    # [\s\S], not ".": "." skips newlines, so a run of them ("\n\n", e.g. an answer ending in a newline before a
+    # turn that starts with one) would be one unknown piece and fail to encode.
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     tok.decoder = decoders.Fuse()
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS, padding_side="left")
 

@@ -7,6 +7,10 @@ per batch with every dataset column by name and the reference answer as ``column
 convention); its components are logged as ``reward/<name>`` and ``reward/errors`` is the share of rows
 whose verifier failed. Range: the verifier's ``reward_range``.
 
+With ``tools`` (``[calc]``), an answer may call a tool (``<tool>calc(7+3)</tool>``; the task is a
+:class:`~mmrl.core.contracts.ToolTask`, trained with ``algo.tool_turns``): the result is the next turn, and the
+call itself scores the floor.
+
 Rows are read lazily: building the task opens the files (memory-mapped Arrow) and checks the first
 ``validate_rows`` rows of each split fully (columns, placeholders, images); other rows are decoded,
 and their images opened, only when a batch samples them. A bad row found then is a ``DataError``
@@ -24,10 +28,12 @@ from typing import Any
 
 import numpy as np
 
-from mmrl.core.contracts import IMAGE_PLACEHOLDER, RewardResult
+from mmrl.core.contracts import IMAGE_PLACEHOLDER, FollowUp, RewardResult
+from mmrl.core.registry import UnknownNameError
 from mmrl.core.typed import ConfigError
 from mmrl.tasks.data.loading import (DataError, Part, RowTable, as_list, default_cache_dir, load_parts,
                                      split_indices)
+from mmrl.tasks.data.tools import TOOLS, holds_call, run_tool
 from mmrl.tasks.data.rows import (Layout, Template, answer_text, decode_image, detect_layout, place_images,
                                   row_fields)
 from mmrl.tasks.parsing import text_problem
@@ -78,6 +84,17 @@ class RowsConfig:
     """The user turn after a wrong answer, for multi-turn feedback (``algo.feedback_turns``): a Python format
     string with ``{output}``, ``{reason}`` (the verifier's note), ``{score}`` and every column, e.g.
     ``"\\nNo ({reason}). Try again.\\nA:"``. None: the task gives no feedback."""
+    tools: tuple[str, ...] = ()
+    """Tools an answer may call, written ``<tool>name(arguments)</tool>`` (mmrl/tasks/data/tools.py: ``calc``, a safe
+    integer calculator); trained with ``algo.tool_turns``. An answer that opens ``<tool>`` is a call: the tool's
+    result (or an ``error: ...`` string) becomes the next turn, and the call itself scores the floor. Empty: no tools."""
+    tool_result_template: str = "\n={result}\nA:"
+    """The turn after a call: a Python format string with ``{result}`` (and every column); it carries whatever
+    re-prompt the prompt template needs (the default continues ``"Q: ...\nA:"`` prompts)."""
+    tool_reference: str | None = None
+    """The reference call of the supervised warm start's transcripts: a Python format string with every column
+    (``"<tool>calc({expression})</tool>"``); the transcript is this call, the tool's real result, then the
+    reference answer. None: the reference is the answer alone (no call)."""
     hint_template: str | None = None
     """The prompt with a hint, for Guide (``algo.guide``): a Python format string with ``{prompt}`` (the
     templated prompt) and every column, e.g. ``"{prompt}\nHint: {solution}"``. None: the task gives no hints."""
@@ -137,6 +154,11 @@ class RowsTask:
         self.reward_range = tuple(float(v) for v in self.verifier.reward_range)
         self.template = Template(cfg.template)
         check_answer_template(cfg.answer_template)
+        for name in cfg.tools:
+            try:
+                TOOLS.get(name)
+            except UnknownNameError as err:
+                raise ConfigError(f"task.args.tools: {err}") from None
         if cfg.validate_rows < 0:
             raise ConfigError(f"task.args.validate_rows must be >= 0, got {cfg.validate_rows}")
         self.splits = self._load_splits()
@@ -230,6 +252,8 @@ class RowsTask:
         scored = []
         for i, output in enumerate(outputs):
             problem = text_problem(output)
+            if not problem and self.cfg.tools and holds_call(output):
+                problem = "a tool call, not an answer"
             if problem:
                 results[i] = RewardResult(floor, {**zeros, "errors": 0.0}, problem)
             else:
@@ -282,6 +306,34 @@ class RowsTask:
             raise DataError(f"{example.where}: task.args.hint_template must keep the prompt's {IMAGE_PLACEHOLDER} "
                             f"placeholders (write {{prompt}} once)")
         return dataclasses.replace(example, prompt=prompt)
+
+    def call(self, example: RowExample, output: Any) -> str | None:
+        """With ``tools``: the turn after an ``output`` that opens ``<tool>`` (the tool's result, or an error
+        string for a malformed call or a refused argument); None for a final answer (and always without tools)."""
+        if not self.cfg.tools or not isinstance(output, str) or not holds_call(output):
+            return None
+        return self._fill(self.cfg.tool_result_template, example, "tool_result_template",
+                          result=run_tool(output, self.cfg.tools))
+
+    def reference_turns(self, example: RowExample) -> tuple[tuple[Any, str], ...]:
+        """The warm start's transcript: with ``tool_reference``, the call (answered by the real tool) and then the
+        answer in the context of both; else the answer alone."""
+        answer = self.reference_output(example)
+        if self.cfg.tool_reference is None:
+            return ((example, answer),)
+        call = self._fill(self.cfg.tool_reference, example, "tool_reference")
+        result = self.call(example, call)
+        if result is None:
+            raise ConfigError(f"task.args.tool_reference {self.cfg.tool_reference!r} must write a call "
+                              f"(<tool>name(arguments)</tool>) and task.args.tools must name its tool")
+        return (example, call), (FollowUp(example, (("assistant", call), ("user", result))), answer)
+
+    def _fill(self, template: str, example: RowExample, key: str, **fields: Any) -> str:
+        try:
+            return template.format(**{**example.columns, **fields})
+        except (KeyError, IndexError, ValueError) as err:
+            raise DataError(f"{example.where}: task.args.{key} cannot be filled ({err!r}); its fields are "
+                            f"{sorted({*fields, *example.columns})}") from None
 
     def reference_output(self, example: RowExample) -> str:
         if example.answer is None:

@@ -145,6 +145,12 @@ def test_sft_loss_learns(examples):
     assert loss.item() < 0.5 * first
 
 
+def test_char_tokenizer_encodes_runs_of_newlines_one_character_at_a_time():
+    tokenizer = char_tokenizer("ab\n")
+    ids = tokenizer("a\n\nb\n\n\n", add_special_tokens=False)["input_ids"]
+    assert ids == [2, 4, 4, 3, 4, 4, 4] and tokenizer.decode(ids) == "a\n\nb\n\n\n"
+
+
 def test_char_tokenizer_rejects_repeats():
     with pytest.raises(ValueError, match="repeated characters"):
         char_tokenizer("0120")

@@ -4,6 +4,8 @@ Rollout hooks — ``draw`` wrappers nest first-outermost, ``refine`` runs in thi
 
 - ``answer_prefix`` (TFPI): samples drawn with the answer's first text already written (``algo.answer_prefix``);
 - ``param_noise`` (PSN-RLVR): rollouts from perturbed weights (``rollout.param_noise_std`` > 0);
+- ``tool_turns`` (tool calls, issue 25): each row continued as an episode whose tool calls the task answers, every
+  turn a row carrying the episode's score (``algo.tool_turns``); before the hooks that read outcomes;
 - ``reference_rows`` (ViSurf): the task's reference output joins each group (``rollout.reference_rows`` > 0);
 - ``prompt_temperature`` (ERPO): each prompt sampled at its own temperature (``algo.temperature_schedule``),
   its table updated from the round's rows, reference rows included;
@@ -58,7 +60,8 @@ from mmrl.algos.variants.loss_terms import LOSS_TERMS, LossTermInputs, LossTermR
 from mmrl.algos.variants.param_noise import perturbed_parameters
 from mmrl.algos.variants.params import algo_needs, declare_variant, variant_params
 from mmrl.algos.variants.prompt_temperature import TEMPERATURE_SCHEDULES, PromptTemperatures
-from mmrl.core.contracts import FeedbackTask, FollowUp, HintedTask, Prefixed, turns_of
+from mmrl.core.contracts import FeedbackTask, FollowUp, HintedTask, Prefixed, ToolTask, turns_of
+from mmrl.core.episodes import episode_results, run_tool_episodes, tool_metrics
 from mmrl.core.rollout import Rollout, SamplingParams, derive_seed
 from mmrl.core.scored import Scored
 
@@ -274,6 +277,50 @@ class FeedbackTurns(RolloutHook):
         return metrics
 
 
+class ToolTurns(RolloutHook):
+    """Tool calls through the multi-turn contract (issue 25): every row of the round is the first turn of an
+    episode (:func:`mmrl.core.episodes.run_tool_episodes`): while its output holds a call, the task's tool answers
+    it as the next turn (a :class:`~mmrl.core.contracts.FollowUp`) and the policy continues, up to
+    ``algo.tool_turns`` calls; one more ends the episode at the floor of the task's reward range. Only the final
+    answer is verified; every turn of the episode is a row of its prompt's group carrying the episode's score
+    (its own reward shaping, e.g. the overlong penalty, kept), whose decisions are only that turn's tokens.
+
+    INFERRED (the issue asks only for "the same contract usable for tool calls"): each turn a row of the prompt's
+    group, so GRPO's group mean and std run over turns, an episode of k turns weighing k in them, and the
+    token-mean loss weighs each turn's tokens alike; tool results as plain user turns."""
+
+    def __init__(self, ctx: HookContext):
+        if not isinstance(ctx.task, ToolTask):
+            raise ValueError(f"algo.tool_turns needs a task whose answers may call tools (call(example, output) and "
+                             f"reference_turns(example) methods); {ctx.cfg.task.name} has none")
+        self.ctx, self.max_calls = ctx, ctx.cfg.algo.tool_turns
+        self.floor = float(ctx.task.reward_range[0])
+        self.counts: dict[str, float] = {}
+
+    def refine(self, part: Scored, round_: Round) -> Scored:
+        episodes = run_tool_episodes(part.rollout, part.examples, self.ctx.task, round_.draw, round_.sampling,
+                                     round_.seed, self.max_calls)
+        first = part.rollout.num_rows
+        if episodes.rollout.num_rows > first:
+            later = episodes.rollout.select(torch.arange(first, episodes.rollout.num_rows))
+            part = part.extend(self.ctx.score(later, part.examples))
+        verdicts = episode_results(episodes, [part.results[i] for i in episodes.final.tolist()], self.floor)
+        outcome = torch.tensor([v.score for v in verdicts], dtype=part.outcome.dtype)[episodes.episode]  # [N]
+        shaping = part.rewards - part.outcome  # each row's own shaping terms
+        metrics = tool_metrics(episodes)
+        for key, value in metrics.items():
+            self.counts[key] = self.counts.get(key, 0.0) + value * episodes.num_episodes
+        self.counts["episodes"] = self.counts.get("episodes", 0.0) + episodes.num_episodes
+        return Scored(part.rollout, part.examples, [verdicts[e] for e in episodes.episode.tolist()], outcome,
+                      outcome + shaping)
+
+    def metrics(self) -> dict[str, float]:
+        engine, counts = self.ctx.engine, self.counts
+        total = max(engine.sum(counts.pop("episodes", 0.0)), 1.0)
+        self.counts = {}
+        return {f"rollout/{key}": engine.sum(value) / total for key, value in sorted(counts.items())}
+
+
 class AnswerPrefix(RolloutHook):
     """TFPI (seed #86): training samples are drawn with ``algo.answer_prefix`` already written at the start of
     the answer (TFPI's ThinkFree operation appends ``</think>``, discarding the thinking): the prefix is
@@ -442,6 +489,7 @@ def read_kept(run: Path, last_step: int) -> list[tuple[Any, Any]]:
 
 ROLLOUT_HOOKS.register("answer_prefix", HookSpec(lambda cfg: cfg.algo.answer_prefix is not None, AnswerPrefix))
 ROLLOUT_HOOKS.register("param_noise", HookSpec(lambda cfg: cfg.rollout.param_noise_std > 0, ParamNoise))
+ROLLOUT_HOOKS.register("tool_turns", HookSpec(lambda cfg: cfg.algo.tool_turns > 0, ToolTurns))
 ROLLOUT_HOOKS.register("reference_rows", HookSpec(lambda cfg: cfg.rollout.reference_rows > 0, ReferenceRows))
 ROLLOUT_HOOKS.register("prompt_temperature", HookSpec(lambda cfg: cfg.algo.temperature_schedule != "fixed",
                                                       PromptTemperature))
