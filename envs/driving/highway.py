@@ -21,6 +21,9 @@ This module adds what the LaViPlan task needs around it:
   instructed route or target lane, at 100 % / 50 % / 0 % of its desired speed (and, for a lane change,
   also staying in lane); each candidate's waypoints are executed like an answer and the cheapest verdict
   wins (collision ≫ off-road ≫ ignoring the instruction ≫ speed lost).
+- :class:`TrackedVehicle`, :func:`follow_track`, :func:`drive_as_is` (``driving/rift-highway-v0``): a background
+  vehicle that follows given poses exactly while the traffic reacts (RIFT's track propagation), with highway-env's
+  per-step crash and on-road verdicts; and the same road driven entirely by highway-env (the log).
 
 Frames: highway-env's world has its y axis pointing *down* the screen (headings clockwise). Our world
 frame (:mod:`mmrl.envs.driving.geometry`) is x east, y north, headings counter-clockwise, so
