@@ -184,6 +184,9 @@ class ToolTask(Protocol):
     ``reward(example, output)`` of an output that holds a call scores the floor of ``reward_range``: a call is
     no answer (so an episode cut off after too many calls, or a run without ``algo.tool_turns``, scores it so)."""
 
+    tool_names: tuple[str, ...]
+    """The tools its answers may call; empty: none (the task is configured without tools)."""
+
     def call(self, example: Any, output: Any) -> str | None:
         """The turn after ``output`` when it holds a call: the tool's result (an error string for a malformed
         call, never an exception), with whatever re-prompt the task's format needs; None: a final answer."""

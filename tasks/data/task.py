@@ -159,6 +159,7 @@ class RowsTask:
                 TOOLS.get(name)
             except UnknownNameError as err:
                 raise ConfigError(f"task.args.tools: {err}") from None
+        self.tool_names = tuple(cfg.tools)
         if cfg.validate_rows < 0:
             raise ConfigError(f"task.args.validate_rows must be >= 0, got {cfg.validate_rows}")
         self.splits = self._load_splits()

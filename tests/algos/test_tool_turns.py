@@ -142,5 +142,8 @@ def test_tool_turns_need_a_tool_task_and_exclude_feedback_turns(tmp_path):
     with pytest.raises(ValueError, match="tool_turns needs a task whose answers may call tools"):
         Trainer(load_config("sanity/tiny_cpu", [*QUIET, "algo.tool_turns=1", "warm_start.sft_steps=0"]),
                 tmp_path / "run")
+    with pytest.raises(ValueError, match="tool_turns needs a task whose answers may call tools"):  # tools not configured
+        Trainer(load_config("data/text_tiny_cpu", [*QUIET, "algo.tool_turns=1", "warm_start.sft_steps=0"]),
+                tmp_path / "run2")
     with pytest.raises(ConfigError, match="tool_turns and algo.feedback_turns"):
         tool_config("algo.feedback_turns=1", "task.args.feedback_template=again")

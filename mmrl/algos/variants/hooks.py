@@ -290,9 +290,10 @@ class ToolTurns(RolloutHook):
     token-mean loss weighs each turn's tokens alike; tool results as plain user turns."""
 
     def __init__(self, ctx: HookContext):
-        if not isinstance(ctx.task, ToolTask):
+        if not isinstance(ctx.task, ToolTask) or not ctx.task.tool_names:
             raise ValueError(f"algo.tool_turns needs a task whose answers may call tools (call(example, output) and "
-                             f"reference_turns(example) methods); {ctx.cfg.task.name} has none")
+                             f"reference_turns(example) methods, tools configured, e.g. data/rows-v0's "
+                             f"task.args.tools); {ctx.cfg.task.name} has none")
         self.ctx, self.max_calls = ctx, ctx.cfg.algo.tool_turns
         self.floor = float(ctx.task.reward_range[0])
         self.counts: dict[str, float] = {}
