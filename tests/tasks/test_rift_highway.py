@@ -112,6 +112,11 @@ def test_imitation_target_is_the_candidate_closest_to_the_log(task, states):
         ade = np.linalg.norm(example.candidates[:, :, :2] - log[None, :, :2], axis=-1).mean(1)
         assert task.reference_output(example) == int(ade.argmin())
         assert example.candidates.shape == (NUM_CANDIDATES, HORIZON_STEPS + 1, 4)
+    every = task.returns(states[0])  # all candidates at once: the per-candidate verdicts, stacked
+    assert every.total.shape == (NUM_CANDIDATES,)
+    for k in (0, 7, 14):
+        assert task.reward(states[0], k).score == pytest.approx(float(np.clip(every.total[k], *task.reward_range)))
+        assert task.reward(states[0], k).components["collision"] == float(every.collision[k])
 
 
 @pytest.mark.parametrize("output,reason", [
