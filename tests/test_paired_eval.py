@@ -35,3 +35,15 @@ def test_components_and_task_metrics_are_read_from_the_same_answers(tmp_path, mo
     assert ((out["exact_match"] == 1.0) <= (out["reward"] == 1.0)).all()  # an exact answer has the full reward
     with pytest.raises(KeyError, match="--metric 'nope'"):
         paired_eval.scores(policy, task, cfg, examples[:2], [], ["nope"])
+
+
+def test_sampled_scores_are_seeded(tmp_path, monkeypatch):
+    monkeypatch.setenv("MMRL_CACHE", str(tmp_path))
+    cfg, policy = paired_eval.load_policy("configs/sanity/tiny_cpu.yaml", paired_eval.WARM_START, [])
+    task = paired_eval.make_task(cfg.task.name, cfg.task.args)
+    examples = task.sample_batch("test", 16, np.random.default_rng(0))
+    greedy = paired_eval.scores(policy, task, cfg, examples, [None])["reward"]
+    first = paired_eval.scores(policy, task, cfg, examples, [None], temperature=1.0, seed=3)["reward"]
+    again = paired_eval.scores(policy, task, cfg, examples, [None], temperature=1.0, seed=3)["reward"]
+    np.testing.assert_array_equal(first, again)  # one sample per example, reproducible from the seed
+    assert not np.array_equal(first, greedy)  # and not the greedy answers

@@ -51,12 +51,13 @@ def load_policy(recipe: str, model: str, overrides: list[str]) -> tuple[TrainCon
 
 @torch.no_grad()
 def scores(policy: Any, task: Any, cfg: TrainConfig, examples: list[Any], components: list[str | None],
-           metrics: list[str] = ()) -> dict[str, np.ndarray]:
-    """[n] greedy score of each example (in the order of ``examples``) per measure: the whole reward
+           metrics: list[str] = (), temperature: float = 0.0, seed: int = 0) -> dict[str, np.ndarray]:
+    """[n] score of each example (in the order of ``examples``) per measure: the whole reward
     (component None, named ``reward``), a reward component, or a task metric computed on the example alone
-    (``task.metrics([example], [output], [result])[name]``, e.g. a success rate that no component holds)."""
+    (``task.metrics([example], [output], [result])[name]``, e.g. a success rate that no component holds).
+    ``temperature`` 0 answers greedily; above 0 one sample per example, drawn with ``seed``."""
     policy.eval()
-    rollout = policy.rollout(examples, 1, SamplingParams(0.0, 1.0, cfg.rollout.max_new_tokens), 0)
+    rollout = policy.rollout(examples, 1, SamplingParams(temperature, 1.0, cfg.rollout.max_new_tokens), seed)
     results = verify(task, cfg.task.name, rollout, examples)
     names = [c or "reward" for c in components] + list(metrics)
     out = {name: np.full(len(examples), math.nan) for name in names}
@@ -93,25 +94,36 @@ def main() -> None:
     parser.add_argument("--component", help="reward component(s) to compare, comma-separated; 'reward' is the whole "
                                             "reward (the default when neither --component nor --metric is given)")
     parser.add_argument("--metric", help="task metric(s) of each example alone, comma-separated (e.g. success_rate)")
-    parser.add_argument("--split", default="test")
+    parser.add_argument("--split", default="test", help="task split(s), comma-separated: each is paired on its own")
     parser.add_argument("--num-examples", type=int, default=200)
     parser.add_argument("--seed", type=int, default=1234, help="seed of the held-out examples (eval.seed)")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="0: greedy (default); above 0 one sample per example, the same sampling seed for both")
     parser.add_argument("overrides", nargs="*", help="recipe overrides for both policies (right after the recipe)")
     args = parser.parse_args()
     components = [None if c == "reward" else c for c in args.component.split(",")] if args.component else []
     metrics = args.metric.split(",") if args.metric else []
     if not components and not metrics:
         components = [None]
-    per_model = []
+    if args.temperature < 0:
+        parser.error(f"--temperature must be >= 0, got {args.temperature}")
+    splits = [split for split in args.split.split(",") if split]
+    per_model = []  # per policy: {split: {measure: [n] scores}}
     for model in (args.before, args.after):
         cfg, policy = load_policy(args.recipe, model, args.overrides)
         task = make_task(cfg.task.name, cfg.task.args)
-        examples = task.sample_batch(args.split, args.num_examples, np.random.default_rng(args.seed))
-        per_model.append(scores(policy, task, cfg, examples, components, metrics))
-    for name in per_model[0]:
-        summary = paired_summary(per_model[0][name], per_model[1][name])
-        line = {k: round(v, 4) if isinstance(v, float) else v for k, v in summary.items()}
-        print(json.dumps(line if len(per_model[0]) == 1 else {"measure": name} | line))
+        per_split = {}
+        for split in splits:
+            examples = task.sample_batch(split, args.num_examples, np.random.default_rng(args.seed))
+            per_split[split] = scores(policy, task, cfg, examples, components, metrics, args.temperature, args.seed)
+        per_model.append(per_split)
+    for split in splits:
+        before, after = per_model[0][split], per_model[1][split]
+        for name in before:
+            summary = paired_summary(before[name], after[name])
+            line = {k: round(v, 4) if isinstance(v, float) else v for k, v in summary.items()}
+            label = ({"split": split} if len(splits) > 1 else {}) | ({"measure": name} if len(before) > 1 else {})
+            print(json.dumps(label | line))
 
 
 if __name__ == "__main__":
