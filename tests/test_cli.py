@@ -172,6 +172,12 @@ def test_eval_refuses_a_recipe_whose_policy_is_not_the_runs(tiny_run, capsys):
     assert len(err) == 1 and "the recipe's policy differs from the one" in err[0] and "value_head" in err[0], err
 
 
+def test_eval_compares_the_policy_after_the_overrides(tiny_run, tmp_path):
+    # the run trained sanity/tiny_cpu's policy; ppo_tiny_cpu's differs only by its value head
+    got = eval_json(tmp_path, "sanity/ppo_tiny_cpu", tiny_run, "policy.args.value_head=false")
+    assert got == eval_json(tmp_path, "sanity/tiny_cpu", tiny_run)
+
+
 def test_eval_of_a_folder_without_a_model_is_one_line(tmp_path, capsys):
     (tmp_path / "notes.txt").write_text("not a model")
     assert main(["eval", "sanity/tiny_cpu", "--model", str(tmp_path), "--num-examples", "4"]) == 2

@@ -246,7 +246,7 @@ def resolve(target: str, model: str | None, overrides: Sequence[str], policy_nam
         if is_task and data.get("task", {}).get("name") != target:
             data["task"] = {"name": target, "args": {}}
         elif not is_task:
-            data = recipe_with_policy_of(target, data, model_dir)
+            data = recipe_with_policy_of(target, data, model_dir, overrides)
     elif is_task:
         if model_dir is None:
             raise ConfigError(f"mmrl eval {target}: give the weights with --model DIR (an HF folder or a run)")
@@ -257,10 +257,11 @@ def resolve(target: str, model: str | None, overrides: Sequence[str], policy_nam
     return validate(build(TrainConfig, apply_overrides(data, list(overrides)))), weights
 
 
-def recipe_with_policy_of(recipe: str, run_data: dict, run: Path) -> dict:
-    """The recipe's config, when its policy is the one the run (or sft folder) trained; a
-    :class:`ConfigError` when they differ (the run's weights would not fit the recipe's policy)."""
-    data = read_recipe(resolve_recipe(recipe))
+def recipe_with_policy_of(recipe: str, run_data: dict, run: Path, overrides: Sequence[str] = ()) -> dict:
+    """The recipe's config with ``overrides`` applied, when its policy is then the one the run (or sft
+    folder) trained; a :class:`ConfigError` when they differ (the run's weights would not fit the
+    recipe's policy)."""
+    data = apply_overrides(read_recipe(resolve_recipe(recipe)), list(overrides))
     theirs, ours = validate(build(TrainConfig, run_data)).policy, validate(build(TrainConfig, data)).policy
     if to_dict(theirs) != to_dict(ours):
         differ = sorted(k for k in {*to_dict(ours)["args"], *to_dict(theirs)["args"]}
