@@ -228,3 +228,5 @@ def test_hint_fraction_needs_a_task_with_hints():
             sft(make_policy(cfg.policy.name, cfg.policy.args), cfg)
     with pytest.raises(ConfigError, match="hint_fraction"):
         load_config("data/text_tiny_cpu", [*QUIET, HINTS, "warm_start.hint_fraction=1.5"])
+    with pytest.raises(ConfigError, match="hint_fraction hints rows of the SFT warm start"):
+        load_config("data/text_tiny_cpu", [*QUIET, HINTS, "warm_start.hint_fraction=0.5", "warm_start.sft_steps=0"])

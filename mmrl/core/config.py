@@ -553,6 +553,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     if cfg.warm_start.init_from is not None and cfg.warm_start.sft_steps > 0:
         problems.append("warm_start.init_from starts from saved weights: set warm_start.sft_steps: 0 (for SFT on "
                         "top of them, use a multi-stage recipe's sft stage)")
+    if cfg.warm_start.hint_fraction > 0 and cfg.warm_start.sft_steps == 0:
+        problems.append("warm_start.hint_fraction hints rows of the SFT warm start: it needs warm_start.sft_steps > 0 "
+                        "(or set hint_fraction: 0)")
     problems += stage_problems(cfg.stages)
     if problems:
         raise ConfigError("invalid config: " + "; ".join(problems))
