@@ -303,7 +303,7 @@ class RowsTask:
                             f"are output, reason, score and the columns {sorted(example.columns)}") from None
 
     def hinted(self, example: RowExample) -> RowExample:
-        """``example`` with ``hint_template`` applied to its prompt (Guide)."""
+        """``example`` with ``hint_template`` applied to its prompt (Guide; hint-trained warm starts)."""
         if self.cfg.hint_template is None:
             raise ConfigError("algo.guide needs hints: set task.args.hint_template (e.g. \"{prompt}\\nHint: {hint}\")")
         fields = {**example.columns, "prompt": example.prompt}
