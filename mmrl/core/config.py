@@ -173,6 +173,12 @@ class WarmStartConfig:
     """A saved policy folder (a run's ``checkpoints/step_N/policy``, an ``mmrl sft`` output) whose weights the
     policy starts from, instead of a warm start (``sft_steps`` must be 0). Multi-stage recipes set it to
     hand one stage's policy to the next. None: the policy's own initialisation."""
+    hint_fraction: float = 0.0
+    """Share of each SFT batch's rows whose prompt carries the task's hint (``task.hinted(example)``, e.g.
+    ``data/rows-v0``'s ``task.args.hint_template``), with the same target: the warm start then learns to use hints,
+    as a hint-following SFT model would, so Guide's hinted redraws (``algo.guide``) can succeed where plain ones
+    fail. ``round(hint_fraction · rows)`` rows per batch, chosen by a generator of their own so that the rows
+    drawn do not change. 0: no hints (the warm start as before). Needs a task with hints."""
 
 
 @dataclass(frozen=True)
@@ -330,6 +336,7 @@ FIELD_RANGES: dict[str, Range] = {
     "checkpoint.every": AT_LEAST_0, "checkpoint.keep_last": AT_LEAST_0,
     "warm_start.sft_steps": AT_LEAST_0, "warm_start.lr": POSITIVE, "warm_start.batch_size": AT_LEAST_1,
     "warm_start.seed": AT_LEAST_0, "rollout.keep_successes": Range(), "warm_start.vision_steps": AT_LEAST_0, "warm_start.vision_lr": POSITIVE,
+    "warm_start.hint_fraction": UNIT,
     "algo.adv_eps": POSITIVE,  # 0 divides by a zero group std
     "algo.gamma": UNIT, "algo.lam": UNIT, "algo.kl_in_reward_coef": AT_LEAST_0,
     "algo.clip_low": AT_LEAST_0, "algo.clip_high": AT_LEAST_0,
@@ -546,6 +553,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     if cfg.warm_start.init_from is not None and cfg.warm_start.sft_steps > 0:
         problems.append("warm_start.init_from starts from saved weights: set warm_start.sft_steps: 0 (for SFT on "
                         "top of them, use a multi-stage recipe's sft stage)")
+    if cfg.warm_start.hint_fraction > 0 and cfg.warm_start.sft_steps == 0:
+        problems.append("warm_start.hint_fraction hints rows of the SFT warm start: it needs warm_start.sft_steps > 0 "
+                        "(or set hint_fraction: 0)")
     problems += stage_problems(cfg.stages)
     if problems:
         raise ConfigError("invalid config: " + "; ".join(problems))

@@ -207,6 +207,13 @@ class HintedTask(Protocol):
         ...
 
 
+def hint_prefix(reference: str, fraction: float) -> str:
+    """The first round(fraction · len) characters of the reference answer: a partial hint (SEELE's hinted
+    rounds, ``algo.seele``; ``data/rows-v0``'s ``{answer_prefix}`` hint field). ``round`` is Python's (half
+    to even), so half of a one-character answer is empty."""
+    return reference[:round(fraction * len(reference))]
+
+
 @runtime_checkable
 class LogprobFreeConfig(Protocol):
     """A policy config that may describe a policy whose decisions have no log-probability (the ``vla``

@@ -21,21 +21,22 @@ import torch
 from tqdm.auto import tqdm
 
 from mmrl.core.config import TrainConfig, to_dict
-from mmrl.core.contracts import Policy, ToolTask
+from mmrl.core.contracts import HintedTask, Policy, ToolTask
 from mmrl.core.paths import cache_root
 from mmrl.core.registry import make_policy, make_task
 
 
 # Warm-start fields added after caches existed: left out of the key while off, so every recipe
 # that does not use them keeps its cache key (and its cached warm start).
-KEY_FIELDS_WHEN_ON = {"vision_steps": ("vision_steps", "vision_lr"), "init_from": ("init_from",)}
+KEY_FIELDS_WHEN_ON = {"vision_steps": ("vision_steps", "vision_lr"), "init_from": ("init_from",),
+                      "hint_fraction": ("hint_fraction",)}
 
 
 # Component arguments added after caches existed: left out of the key while at their defaults.
 POLICY_ARGS_ADDED_LATER = ("video", "share_prompts_under_checkpointing", "squash", "consistency_levels",
                            "consistency_steps", "consistency_width", "context_smoothing", "timestep_policy")
 TASK_ARGS_ADDED_LATER = {"driving/rift-v0": ("reward", "rlftsim"),
-                         "data/rows-v0": ("tools", "tool_result_template", "tool_reference")}
+                         "data/rows-v0": ("tools", "tool_result_template", "tool_reference", "answer_prefix_fraction")}
 
 
 def _without_later_defaults(component: Any, names: tuple[str, ...]) -> dict:
@@ -145,12 +146,13 @@ def sft(policy: Policy, cfg: TrainConfig, steps: int | None = None,
     on exactly the steps the warm start takes."""
     task = make_task(cfg.task.name, cfg.task.args)
     ws = cfg.warm_start
-    rng = np.random.default_rng(ws.seed)
+    check_hints(task, cfg)
+    rng, hint_rng = np.random.default_rng(ws.seed), hint_generator(ws.seed)
     if ws.vision_steps > 0:
         pretrain_vision(policy, task, cfg, rng)
 
     def reference_batch(rng: np.random.Generator) -> tuple[list[Any], list[Any]]:
-        examples = task.sample_batch("train", ws.batch_size, rng)
+        examples = with_hints(task, task.sample_batch("train", ws.batch_size, rng), ws.hint_fraction, hint_rng)
         if isinstance(task, ToolTask):  # every turn of each reference episode: a tool call, then the answer, ...
             pairs = [pair for ex in examples for pair in task.reference_turns(ex)]
             return [context for context, _ in pairs], [output for _, output in pairs]
@@ -158,6 +160,41 @@ def sft(policy: Policy, cfg: TrainConfig, steps: int | None = None,
 
     return fit(policy, reference_batch, rng, ws.sft_steps if steps is None else steps, ws.lr,
                "warm start (SFT)", cfg.log.progress, on_step)
+
+
+def hint_generator(seed: int) -> np.random.Generator:
+    """The generator that picks the hinted rows of the warm start (``warm_start.hint_fraction``): a stream of its
+    own, so the rows drawn, and with ``hint_fraction: 0`` the whole warm start, are what they were without it."""
+    return np.random.default_rng([seed, 63])  # 63: Guide's seed number, as Guide's own redraws use
+
+
+def hinted_rows(rows: int, fraction: float, rng: np.random.Generator) -> list[int]:
+    """The positions, ascending, of the ``round(fraction · rows)`` rows of a batch that get the hint, drawn
+    without replacement from ``rng``. No draw at all when none is hinted."""
+    count = round(fraction * rows)
+    return sorted(int(i) for i in rng.choice(rows, count, replace=False)) if count else []
+
+
+def with_hints(task: Any, examples: list[Any], fraction: float, rng: np.random.Generator) -> list[Any]:
+    """``examples`` with :func:`hinted_rows` of them replaced by ``task.hinted(example)``: the prompt with the
+    task's hint, the same reference answer. ``fraction`` 0 returns ``examples`` itself."""
+    chosen = set(hinted_rows(len(examples), fraction, rng))
+    if not chosen:
+        return examples
+    return [task.hinted(ex) if i in chosen else ex for i, ex in enumerate(examples)]
+
+
+def check_hints(task: Any, cfg: TrainConfig) -> None:
+    """With ``warm_start.hint_fraction`` > 0, fail before training unless the task gives hints
+    (:class:`~mmrl.core.contracts.HintedTask`) and can hint a training row (e.g. a hint template is set)."""
+    from mmrl.core.config import ConfigError
+
+    if cfg.warm_start.hint_fraction == 0:
+        return
+    if not isinstance(task, HintedTask):
+        raise ConfigError(f"warm_start.hint_fraction > 0 trains on hinted prompts, but {cfg.task.name} gives no hints "
+                          f"(a hinted(example) method; data/rows-v0 does, with task.args.hint_template)")
+    task.hinted(task.sample_batch("train", 1, np.random.default_rng(0))[0])  # no hints configured: fail now
 
 
 def fit(policy: Policy, draw: Pairs, rng: np.random.Generator, steps: int, lr: float, desc: str,
@@ -186,16 +223,17 @@ def fit(policy: Policy, draw: Pairs, rng: np.random.Generator, steps: int, lr: f
 
 def warm_start_examples(task: Any, cfg: TrainConfig) -> list[Any]:
     """The training examples :func:`sft` draws, in order: the same ``task.sample_batch`` calls on the
-    same generator (vision pretraining's draws replayed and skipped), without training. A
+    same generator (vision pretraining's draws replayed and skipped) and the same hinted rows, without training. A
     regulariser toward the warm start's data (``algo.bc_coef``) reuses exactly these, so it needs no
     new reference outputs (for robot tasks: no new real-simulator demonstrations)."""
     ws = cfg.warm_start
-    rng = np.random.default_rng(ws.seed)
+    rng, hint_rng = np.random.default_rng(ws.seed), hint_generator(ws.seed)
     if ws.vision_steps > 0:
         task.sample_batch("train", 1, rng)
         for _ in range(ws.vision_steps):
             task.sample_batch("train", ws.batch_size, rng)
-    return [ex for _ in range(ws.sft_steps) for ex in task.sample_batch("train", ws.batch_size, rng)]
+    return [ex for _ in range(ws.sft_steps)
+            for ex in with_hints(task, task.sample_batch("train", ws.batch_size, rng), ws.hint_fraction, hint_rng)]
 
 
 def pretrain_vision(policy: Policy, task: Any, cfg: TrainConfig, rng: np.random.Generator) -> list[float]:

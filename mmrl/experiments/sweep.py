@@ -84,6 +84,9 @@ SWEEP_ARMS.register("visurf", SweepArm(("rollout.reference_rows=1",),
                                        "ViSurf, arXiv 2510.10606 (1 reference answer + 7 samples per group)"))
 # Guidance when every sample of a prompt fails (issue 24). On the sanity task's soft reward a group rarely
 # scores 0 everywhere, so the arms treat a group without an exact answer as failed (fail_threshold 0.99).
+SWEEP_ARMS.register("guide", SweepArm(("algo.guide=true",),
+                                      "Guide (seed #63): all-failed groups redrawn with the task's hint, trained on the "
+                                      "hint-free prompt with π_old(y | x, hint); needs task.args.hint_template"))
 SWEEP_ARMS.register("seele", SweepArm(("algo.seele=true",),
                                       "SEELE (seed #99): reference prefix as hint, length per prompt from an IRT fit "
                                       "aimed at 50% success, 2 rounds (fit form INFERRED)"))

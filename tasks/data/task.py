@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from mmrl.core.contracts import IMAGE_PLACEHOLDER, FollowUp, RewardResult
+from mmrl.core.contracts import IMAGE_PLACEHOLDER, FollowUp, RewardResult, hint_prefix
 from mmrl.core.registry import UnknownNameError
 from mmrl.core.typed import ConfigError
 from mmrl.tasks.data.loading import (DataError, Part, RowTable, as_list, default_cache_dir, load_parts,
@@ -96,8 +96,14 @@ class RowsConfig:
     (``"<tool>calc({expression})</tool>"``); the transcript is this call, the tool's real result, then the
     reference answer. None: the reference is the answer alone (no call)."""
     hint_template: str | None = None
-    """The prompt with a hint, for Guide (``algo.guide``): a Python format string with ``{prompt}`` (the
-    templated prompt) and every column, e.g. ``"{prompt}\nHint: {solution}"``. None: the task gives no hints."""
+    """The prompt with a hint, for Guide (``algo.guide``) and hint-trained warm starts (``warm_start.hint_fraction``):
+    a Python format string with ``{prompt}`` (the templated prompt), ``{answer_prefix}`` (the first
+    ``answer_prefix_fraction`` of the reference answer, a partial hint) and every column, e.g.
+    ``"{prompt}\nHint: {solution}"`` or ``"Hint: {answer_prefix}\n{prompt}"``. None: the task gives no hints."""
+    answer_prefix_fraction: float = 0.5
+    """Share of the reference answer's characters in ``hint_template``'s ``{answer_prefix}``: its first
+    round(fraction · len) characters (SEELE's ``hint_prefix``; half to even, so 0.5 of a 1-character answer is
+    empty). In [0, 1]."""
 
 
 @dataclass(frozen=True)
@@ -160,6 +166,8 @@ class RowsTask:
             except UnknownNameError as err:
                 raise ConfigError(f"task.args.tools: {err}") from None
         self.tool_names = tuple(cfg.tools)
+        if not 0.0 <= cfg.answer_prefix_fraction <= 1.0:
+            raise ConfigError(f"task.args.answer_prefix_fraction must be in [0, 1], got {cfg.answer_prefix_fraction}")
         if cfg.validate_rows < 0:
             raise ConfigError(f"task.args.validate_rows must be >= 0, got {cfg.validate_rows}")
         self.splits = self._load_splits()
@@ -295,14 +303,18 @@ class RowsTask:
                             f"are output, reason, score and the columns {sorted(example.columns)}") from None
 
     def hinted(self, example: RowExample) -> RowExample:
-        """``example`` with ``hint_template`` applied to its prompt (Guide)."""
+        """``example`` with ``hint_template`` applied to its prompt (Guide; hint-trained warm starts)."""
         if self.cfg.hint_template is None:
             raise ConfigError("algo.guide needs hints: set task.args.hint_template (e.g. \"{prompt}\\nHint: {hint}\")")
+        fields = {**example.columns, "prompt": example.prompt}
+        if example.answer is not None:  # a row without an answer has no prefix: the template fails below if it asks
+            fields["answer_prefix"] = hint_prefix(example.answer, self.cfg.answer_prefix_fraction)
         try:
-            prompt = self.cfg.hint_template.format(**{**example.columns, "prompt": example.prompt})
+            prompt = self.cfg.hint_template.format(**fields)
         except (KeyError, IndexError, ValueError) as err:
             raise DataError(f"{example.where}: task.args.hint_template cannot be filled ({err!r}); its fields are "
-                            f"prompt and the columns {sorted(example.columns)}") from None
+                            f"prompt, answer_prefix (rows with an answer) and the columns "
+                            f"{sorted(example.columns)}") from None
         if prompt.count(IMAGE_PLACEHOLDER) != len(example.images):
             raise DataError(f"{example.where}: task.args.hint_template must keep the prompt's {IMAGE_PLACEHOLDER} "
                             f"placeholders (write {{prompt}} once)")

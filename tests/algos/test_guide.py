@@ -60,3 +60,20 @@ def test_guide_needs_hints_and_keeps_its_behaviour_logprobs(tmp_path):
         Trainer(cfg, tmp_path / "run")
     with pytest.raises(ConfigError, match="recompute_logp_old"):
         load_config("data/text_tiny_cpu", [*QUIET, "algo.guide=true", "trainer.recompute_logp_old=true"])
+
+
+def test_guide_arm_on_the_hint_trained_recipe(tmp_path):
+    """configs/data/guide_tiny_cpu.yaml with the sweep's ``guide`` arm: the warm start trains on hinted rows,
+    and Guide redraws the failed groups with the same hints (a short warm start: most groups fail)."""
+    from mmrl.core.logging import read_metrics
+    from mmrl.core.trainer import train
+    from mmrl.experiments.sweep import SWEEP_ARMS
+
+    cfg = load_config("data/guide_tiny_cpu", [*QUIET, "warm_start.sft_steps=10",
+                                              "trainer.steps=2", "checkpoint.every=0",
+                                              *SWEEP_ARMS.get("guide").overrides])
+    assert cfg.algo.guide and cfg.warm_start.hint_fraction == 0.5
+    train(cfg, tmp_path / "run")
+    rows = [r for r in read_metrics(tmp_path / "run") if r["step"] > 0]
+    assert len(rows) == 2 and sum(r["rollout/guided_groups"] for r in rows) > 0
+    assert all(r["train/skipped_updates"] == 0 for r in rows)

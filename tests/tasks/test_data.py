@@ -358,3 +358,41 @@ def test_cli_prints_a_data_error_as_one_line(tmp_path, capsys):
                  "log.progress=false", "log.tensorboard=false"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.count("\n") == 0 and "no such file or folder" in err and "missing.jsonl" in err
+
+
+# ------------------------------------------------------------------------------------------------
+# hints (algo.guide, warm_start.hint_fraction)
+
+def test_hint_template_fields_and_partial_answer_prefix(tmp_path):
+    rows = [{"problem": "2 + 2?", "answer": "1234", "why": "add"}]
+    path = jsonl(tmp_path / "t.jsonl", rows)
+    task = rows_task(train_files=path, template="Q: {prompt}\nA:", hint_template="H: {answer_prefix} ({why})\n{prompt}")
+    ex = one(task)
+    hinted = task.hinted(ex)
+    assert hinted.prompt == "H: 12 (add)\nQ: 2 + 2?\nA:"  # the first half of "1234", then a column
+    assert (hinted.answer, hinted.columns, hinted.row) == (ex.answer, ex.columns, ex.row)  # the same answer
+    assert task.reference_output(hinted) == task.reference_output(ex)
+    for fraction, prefix in ((0.0, ""), (0.3, "1"), (0.6, "12"), (0.7, "123"), (1.0, "1234")):  # round(f · 4)
+        task = rows_task(train_files=path, hint_template="{answer_prefix}|{prompt}", answer_prefix_fraction=fraction)
+        assert task.hinted(one(task)).prompt == f"{prefix}|2 + 2?"
+
+
+def test_answer_prefix_is_seeles_hint_prefix_half_to_even(tmp_path):
+    from mmrl.algos.variants.guidance import hint_prefix
+
+    path = jsonl(tmp_path / "t.jsonl", [{"problem": "p", "answer": "7"}, {"problem": "q", "answer": "15"}])
+    task = rows_task(train_files=path, hint_template="{answer_prefix}|{prompt}")
+    prompts = {task.example("train", i).answer: task.hinted(task.example("train", i)).prompt for i in range(2)}
+    assert prompts == {"7": "|p", "15": "1|q"}  # round(0.5) = 0, round(1.0) = 1
+    assert hint_prefix("7", 0.5) == "" and hint_prefix("15", 0.5) == "1"
+
+
+def test_bad_hint_settings_are_named(tmp_path):
+    path = jsonl(tmp_path / "t.jsonl", [{"problem": "p", "answer": "7"}])
+    with pytest.raises(ConfigError, match="answer_prefix_fraction must be in"):
+        rows_task(train_files=path, hint_template="{answer_prefix}", answer_prefix_fraction=1.5)
+    task = rows_task(train_files=path, hint_template="{nope} {prompt}")
+    with pytest.raises(DataError, match=r"t.jsonl row 0: task.args.hint_template cannot be filled.*answer_prefix"):
+        task.hinted(one(task))
+    with pytest.raises(ConfigError, match="hint_template"):
+        rows_task(train_files=path).hinted(one(rows_task(train_files=path)))

@@ -34,7 +34,7 @@ from mmrl.algos.hooks import LOSS_HOOKS, ROLLOUT_HOOKS, Draw, HookContext, HookS
     UpdateIndex
 from mmrl.algos.variants.history import prompt_key
 from mmrl.algos.variants.params import declare_variant, variant_params
-from mmrl.core.contracts import Prefixed
+from mmrl.core.contracts import Prefixed, hint_prefix
 from mmrl.core.rollout import Rollout, SamplingParams, derive_seed
 from mmrl.core.scored import Scored
 from mmrl.core.typed import ConfigError
@@ -100,11 +100,6 @@ def fit_difficulty(hints: Tensor, successes: Tensor, slope: float, prior_mean: f
 def hint_for_target(difficulty: float, slope: float, target: float) -> float:
     """The hint fraction whose predicted success is ``target``: b + logit(target) / a, clipped to [0, 1]."""
     return min(max(difficulty + math.log(target / (1 - target)) / slope, 0.0), 1.0)
-
-
-def hint_prefix(reference: str, fraction: float) -> str:
-    """The first round(fraction · len) characters of the reference answer."""
-    return reference[:round(fraction * len(reference))]
 
 
 @dataclass(frozen=True)
