@@ -112,3 +112,17 @@ def test_wm_script_still_plots_runs_without_the_counts(tmp_path, monkeypatch, ca
     printed = capsys.readouterr().out
     assert "| RL in MuJoCo (mujoco) | 1 | 13,595 |" in printed and "| RFT in WM (rft) | 1 | 14,775 |" in printed
     assert out.is_file()
+
+
+def test_bc_starts_are_a_table_row_and_a_star_of_their_arm(runs, tmp_path, capsys):
+    ppo, wsrl = runs
+    bc = write_run(tmp_path / "wsrl_bc", [eval_row(0, 0.125, 0.125, 0, 13000), eval_row(1, 0.2, 0.2, 300, 13000)])
+    script = load_script("plot_real_steps")
+    out = tmp_path / "fig.png"
+    assert script.main(["--runs", f"PPO={ppo}", f"WSRL={wsrl}", "--bc-starts", f"WSRL={bc}", "--out", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[lines.index("| WSRL | 0 | 450 | 13,000 | 13,450 | 0.250 | 0.050 |") - 1] == \
+        "| WSRL | BC | 0 | 13,000 | 13,000 | 0.125 | 0.125 |"  # the BC start alone, then the run; its step 1 unused
+    assert out.is_file() and not any("| WSRL | 1 |" in line for line in lines)
+    assert script.main(["--runs", f"PPO={ppo}", "--bc-starts", f"WSRL={bc}", "--out", str(out)]) == 2
+    assert "--bc-starts WSRL: not an arm of --runs (PPO)" in capsys.readouterr().err

@@ -93,49 +93,71 @@ def rollout_steps_by_step(rows: Sequence[dict]) -> dict[int, int]:
     return out
 
 
-def markdown_table(arms: dict[str, list[EvalPoint]]) -> str:
-    """(arm, step, real steps, success) at every evaluation of every arm, as a markdown table."""
+def markdown_table(arms: dict[str, list[EvalPoint]], bc_starts: dict[str, EvalPoint] | None = None) -> str:
+    """(arm, step, real steps, success) at every evaluation of every arm, as a markdown table; an arm's BC start
+    alone (``bc_starts``) first, as step "BC"."""
     lines = ["| arm | step | run's real env steps | BC demo steps | total real steps | greedy test success "
              "| 5-split mean |", "|---|---:|---:|---:|---:|---:|---:|"]
+    bc_starts = bc_starts or {}
     for name, points in arms.items():
-        for p in points:
+        for p in ([bc_starts[name]] if name in bc_starts else []) + points:
             mean = "–" if p.mean_success is None else f"{p.mean_success:.3f}"
-            lines.append(f"| {name} | {p.step} | {p.real_steps:,} | {p.demo_steps:,} | {p.total_steps:,} "
+            step = "BC" if p is bc_starts.get(name) else str(p.step)
+            lines.append(f"| {name} | {step} | {p.real_steps:,} | {p.demo_steps:,} | {p.total_steps:,} "
                          f"| {p.test_success:.3f} | {mean} |")
     return "\n".join(lines) + "\n"
 
 
-def plot_real_steps(arms: dict[str, list[EvalPoint]], out: str | Path, title: str) -> Path:
-    """Greedy test success (and the 5-split mean, when every run logged it) against the total real steps, one
-    curve per arm; each arm's step-0 evaluation (its start: BC, or BC + offline phase) a large hollow marker and
-    each distinct BC demonstration count a dotted vertical line. Writes a PNG to ``out``."""
+def plot_real_steps(arms: dict[str, list[EvalPoint]], out: str | Path, title: str,
+                    bc_starts: dict[str, EvalPoint] | None = None) -> Path:
+    """Greedy test success (and the 5-split mean, when every run logged it) against real steps, one curve per
+    arm: in the top row against the total real steps behind the policy (BC demonstrations + the run's own; each
+    distinct BC demonstration count a dotted vertical line), in the bottom row against the run's own real steps
+    only (its learner's cost from its start). Each arm's step-0 evaluation (its start: BC, or BC + offline phase)
+    is a large hollow marker; ``bc_starts`` {arm: evaluation of its BC warm start alone} (for arms whose step 0 is
+    not BC: an off-policy learner's offline phase comes first) are stars in the arm's colour. Writes a PNG to
+    ``out``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    with_mean = all(p.mean_success is not None for points in arms.values() for p in points)
-    panels = [("greedy test success (64 held-out real episodes)", lambda p: p.test_success)]
-    if with_mean:
+    bc_starts = bc_starts or {}
+    unknown = sorted(set(bc_starts) - set(arms))
+    if unknown:
+        raise ValueError(f"BC starts of {unknown}: no such arm (arms: {', '.join(arms)})")
+    every = [p for points in arms.values() for p in points] + list(bc_starts.values())
+    panels = [("greedy test success", lambda p: p.test_success)]
+    if all(p.mean_success is not None for p in every):
         panels.append(("greedy success, 5-split mean (test + 4 OOD)", lambda p: p.mean_success))
-    fig, axes = plt.subplots(1, len(panels), figsize=(7.5 * len(panels), 4.6), squeeze=False)
-    for ax, (label, value) in zip(axes[0], panels):
-        for demo in sorted({p.demo_steps for points in arms.values() for p in points}):
-            ax.axvline(demo, color="0.6", linestyle=":", linewidth=1)
-        for i, (name, points) in enumerate(arms.items()):
-            colour = f"C{i % 10}"
-            xs, ys = [p.total_steps for p in points], [value(p) for p in points]
-            ax.plot(xs, ys, "o-", color=colour, markersize=4, label=name)
-            if points[0].step == 0:
-                ax.plot(xs[:1], ys[:1], "o", color=colour, markersize=11, markerfacecolor="none", markeredgewidth=1.5)
-        ax.plot([], [], "o", color="0.3", markersize=11, markerfacecolor="none",
-                label="step 0: the start (BC; off-policy: BC + offline phase)")
-        ax.plot([], [], ":", color="0.6", label="BC demonstrations' real steps")
-        ax.set_xlabel("real simulator steps behind the policy (BC demos + the run's own)")
-        ax.set_ylabel(label)
-        ax.set_ylim(0, 1.02)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+    axes_x = [("real simulator steps behind the policy (BC demos + the run's own)", lambda p: p.total_steps),
+              ("the run's own real simulator steps (from its start)", lambda p: p.real_steps)]
+    fig, axes = plt.subplots(len(axes_x), len(panels), figsize=(7.5 * len(panels), 4.4 * len(axes_x)),
+                             squeeze=False)
+    colours = {name: f"C{i % 10}" for i, name in enumerate(arms)}
+    for row, (xlabel, x) in enumerate(axes_x):
+        for ax, (label, value) in zip(axes[row], panels):
+            if row == 0:
+                for demo in sorted({p.demo_steps for p in every}):
+                    ax.axvline(demo, color="0.6", linestyle=":", linewidth=1)
+            for name, points in arms.items():
+                xs, ys = [x(p) for p in points], [value(p) for p in points]
+                ax.plot(xs, ys, "o-", color=colours[name], markersize=4, label=name)
+                if points[0].step == 0:
+                    ax.plot(xs[:1], ys[:1], "o", color=colours[name], markersize=11, markerfacecolor="none",
+                            markeredgewidth=1.5)
+            for name, point in bc_starts.items():
+                ax.plot([x(point)], [value(point)], "*", color=colours[name], markersize=13, markeredgecolor="k",
+                        markeredgewidth=0.6, linestyle="none", label=f"{name}: BC alone")
+            ax.plot([], [], "o", color="0.3", markersize=11, markerfacecolor="none",
+                    label="step 0: the start (BC; off-policy: BC + offline phase)")
+            if row == 0:
+                ax.plot([], [], ":", color="0.6", label="BC demonstrations' real steps")
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(label)
+            ax.set_ylim(0, 1.02)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=6, ncol=2)
     fig.suptitle(title)
     fig.tight_layout()
     out = Path(out)
