@@ -88,7 +88,7 @@ def rollout_steps_by_step(rows: Sequence[dict]) -> dict[int, int]:
     used, out = 0, {}
     for row in rows:
         if "rollout/len_mean" in row and row["step"] > 0:
-            used += int(round(row["rollout/trained_rows"] * row["rollout/len_mean"]))
+            used += round(row["rollout/trained_rows"] * row["rollout/len_mean"])
         out[int(row["step"])] = used
     return out
 
@@ -96,8 +96,9 @@ def rollout_steps_by_step(rows: Sequence[dict]) -> dict[int, int]:
 def markdown_table(arms: dict[str, list[EvalPoint]], bc_starts: dict[str, EvalPoint] | None = None) -> str:
     """(arm, step, real steps, success) at every evaluation of every arm, as a markdown table; an arm's BC start
     alone (``bc_starts``) first, as step "BC"."""
-    lines = ["| arm | step | run's real env steps | BC demo steps | total real steps | greedy test success "
-             "| 5-split mean |", "|---|---:|---:|---:|---:|---:|---:|"]
+    header = ("| arm | step | run's real env steps | BC demo steps | total real steps | greedy test success "
+              "| 5-split mean |")
+    lines = [header, "|---|---:|---:|---:|---:|---:|---:|"]
     bc_starts = bc_starts or {}
     for name, points in arms.items():
         for p in ([bc_starts[name]] if name in bc_starts else []) + points:

@@ -8,23 +8,24 @@ from __future__ import annotations
 import json
 
 import gymnasium
-
 import mmrl.envs  # noqa: F401  (registers mmrl/Reach-v0)
+from mmrl.envs.world_model.data import warm_start_seeds
+from mmrl.tasks.robot.tabletop import EpisodeExample, demonstrate
+
 from mmrl.algos.offpolicy import read_logged_episodes
 from mmrl.core.config import load_config
 from mmrl.core.registry import make_task
 from mmrl.core.trainer import Trainer, train
-from mmrl.envs.world_model.data import warm_start_seeds
 from mmrl.samplers.gym_runner import EpisodeSummary
-from mmrl.tasks.robot.tabletop import EpisodeExample, demonstrate
 
 QUIET = ["log.progress=false", "log.tensorboard=false"]
 SMALL = [*QUIET, "task.args.image_size=32", "policy.args.image_size=32", "warm_start.sft_steps=3",
          "warm_start.batch_size=4", "rollout.prompts_per_step=4", "trainer.minibatches=2", "eval.num_examples=4",
          "eval.extra_splits=[]", "eval.every=1", "checkpoint.every=1"]
 PPO = [*SMALL, "trainer.steps=2"]
-WSRL = [*SMALL, "rollout.log_episodes=true", "trainer.steps=2", "algo.extra.wsrl.offline_demos=4", "algo.extra.wsrl.offline_steps=2",
-        "algo.extra.wsrl.offline_actor_start=1", "algo.extra.wsrl.batch_size=16", "algo.extra.wsrl.critic_width=16"]
+WSRL = [*SMALL, "rollout.log_episodes=true", "trainer.steps=2", "algo.extra.wsrl.offline_demos=4",
+        "algo.extra.wsrl.offline_steps=2", "algo.extra.wsrl.offline_actor_start=1", "algo.extra.wsrl.batch_size=16",
+        "algo.extra.wsrl.critic_width=16"]
 
 
 def rows_of(out):
@@ -79,7 +80,7 @@ def test_text_tasks_log_no_real_steps(tmp_path, sanity_config):
 
 def test_reach_task_counts_episode_and_demonstration_steps():
     task = make_task("robot/reach-v0", {"image_size": 32})
-    examples = [EpisodeExample("mmrl/Reach-v0", 5), EpisodeExample("mmrl/Reach-v0", 7), EpisodeExample("mmrl/Reach-v0", 5)]
+    examples = [EpisodeExample("mmrl/Reach-v0", seed) for seed in (5, 7, 5)]
     steps = task.demonstration_steps(examples)
     assert list(steps) == [("mmrl/Reach-v0", 5), ("mmrl/Reach-v0", 7)]  # each distinct episode once
     assert task.demonstrations_run() == {}  # counting keeps nothing: no demonstration was asked for
