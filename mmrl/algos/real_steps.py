@@ -12,7 +12,8 @@ Every run of a :class:`~mmrl.core.contracts.SimulatorTask` (the robot tasks) log
 - ``eval/demo_env_steps``: the real steps of the scripted-expert demonstrations of the run's
   supervised warm start (``warm_start.sft_steps`` batches; each distinct (env, seed) once), reported
   apart because runs that share a warm start (the same cached weights) share them. 0 without a warm
-  start of this run's own (``warm_start.init_from``, a ``pretrained`` policy).
+  start of this run's own (``warm_start.init_from``, a ``pretrained`` policy). Counted by replaying them once
+  per cached warm start, then read from ``demonstration_steps.json`` beside its weights.
 
 The counter is a rollout hook that is always built and innermost (registered after every other one,
 so it sees every draw that reaches the policy), inert for tasks that are not simulators. It reports
@@ -21,6 +22,8 @@ through :meth:`RolloutHook.eval_metrics`, which the trainer merges into each eva
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,6 +33,24 @@ from mmrl.core.rollout import Rollout, SamplingParams
 
 REAL_STEPS = "eval/real_env_steps"
 DEMO_STEPS = "eval/demo_env_steps"
+DEMO_STEPS_FILE = "demonstration_steps.json"
+
+
+def warm_start_demonstration_steps(task: SimulatorTask, ctx: HookContext) -> dict[str, int]:
+    """The real steps of the warm start's demonstrations, by ``repr(key)``: read from ``demonstration_steps.json``
+    beside the cached warm-start weights, else counted by replaying them (thousands of short episodes: 10-30 s on
+    one CPU core) and written there (the count is a function of the cache key's task and warm-start config)."""
+    from mmrl.core.warm_start import warm_start_path  # mmrl.core.config imports mmrl.algos: import when used
+
+    path = warm_start_path(ctx.cfg) / DEMO_STEPS_FILE
+    if path.is_file():
+        return {key: int(steps) for key, steps in json.loads(path.read_text()).items()}
+    steps = {repr(key): n for key, n in task.demonstration_steps(ctx.warm_start_examples()).items()}
+    if path.parent.is_dir() and ctx.engine.is_main:  # a cached warm start (warm_start.cache: true)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(steps))
+        os.replace(tmp, path)
+    return steps
 
 
 class RealEnvSteps(RolloutHook):
@@ -40,10 +61,10 @@ class RealEnvSteps(RolloutHook):
         self.task: SimulatorTask | None = ctx.task if isinstance(ctx.task, SimulatorTask) else None
         self.online: int | None = 0  # this process's training episodes' real steps; None: unknown (old checkpoint)
         self.restored: dict[str, int] = {}  # demonstrations beyond the warm start's run before a resume, by repr(key)
-        self.warm_start: dict[Any, int] = {}
+        self.warm_start: dict[str, int] = {}  # the warm start's demonstrations' steps, by repr(key)
         ws = ctx.cfg.warm_start
         if self.task is not None and ws.sft_steps > 0 and ws.init_from is None:
-            self.warm_start = self.task.demonstration_steps(ctx.warm_start_examples())
+            self.warm_start = warm_start_demonstration_steps(self.task, ctx)
 
     def draw(self, examples: Sequence[Any], group_size: int, sampling: SamplingParams, seed: int,
              inner: Draw) -> Rollout:
@@ -57,7 +78,7 @@ class RealEnvSteps(RolloutHook):
         ``repr(key)`` (each once: a key's demonstration is the same episode every time)."""
         assert self.task is not None
         (runs,) = self.engine.gather_objects([self.task.demonstrations_run()])
-        ran = {repr(key): steps for part in runs for key, steps in part.items() if key not in self.warm_start}
+        ran = {repr(key): steps for part in runs for key, steps in part.items() if repr(key) not in self.warm_start}
         return self.restored | ran
 
     def offline_steps(self) -> int:

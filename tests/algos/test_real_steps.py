@@ -1,6 +1,7 @@
 """Real simulator steps per evaluation (mmrl/algos/real_steps.py): in tiny runs of the PPO and WSRL reach recipes,
 ``eval/real_env_steps`` at every evaluation equals the steps the run's logged training episodes (and WSRL's offline
-demonstrations) took, and ``eval/demo_env_steps`` equals the warm start's demonstrations replayed independently;
+demonstrations) took, and ``eval/demo_env_steps`` equals the warm start's demonstrations replayed independently (counted once, then read
+from beside the cached warm start);
 text tasks log neither; an exact resume keeps the count."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from mmrl.algos.offpolicy import read_logged_episodes
 from mmrl.core.config import load_config
 from mmrl.core.registry import make_task
 from mmrl.core.trainer import Trainer, train
+from mmrl.core.warm_start import warm_start_path
 from mmrl.samplers.gym_runner import EpisodeSummary
 
 QUIET = ["log.progress=false", "log.tensorboard=false"]
@@ -40,11 +42,14 @@ def replayed_warm_start_steps(batches: int, batch_size: int) -> int:
 
 
 def test_ppo_counts_every_training_episode_and_the_warm_start_apart(tmp_path):
-    out = tmp_path / "ppo"
-    train(load_config("vla_reach/tiny_cpu", PPO), out)
+    out, cfg = tmp_path / "ppo", load_config("vla_reach/tiny_cpu", PPO)
+    train(cfg, out)
     rows = rows_of(out)
+    counted = json.loads((warm_start_path(cfg) / "demonstration_steps.json").read_text())  # kept for later runs
+    assert len(counted) == len(warm_start_seeds("reach", 32, 0.3, 3, 4, 0))
     assert [r["step"] for r in rows] == [0, 1, 2]
     demo, taken = replayed_warm_start_steps(3, 4), 0
+    assert sum(counted.values()) == demo
     for row in rows:  # every evaluation, step 0 (no episode yet) included
         if row["step"] > 0:  # the step's 4 episodes (token head, chunk 1: a decision is an env step)
             assert row["rollout/trained_rows"] == row["rollout/generated"] == 4
