@@ -18,6 +18,7 @@ from mmrl.algos.sampling import groups_with_signal, overlong_penalty
 from mmrl.algos.shaping import SHAPING_HOOKS, ShapingContext
 from mmrl.algos import variants  # noqa: E402,F401  (registers the paper variants on the axes above)
 from mmrl.algos import offpolicy  # noqa: E402,F401  (registers the off-policy learners' loss hook)
+from mmrl.algos import real_steps  # noqa: E402,F401  (last: the innermost rollout hook, counts real env steps)
 from mmrl.algos.flow_grpo import GAUSSIAN_KL_ESTIMATORS  # noqa: E402  (grpo_global_std, gaussian_mean KL)
 
 __all__ = [

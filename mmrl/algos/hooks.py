@@ -97,6 +97,11 @@ class RolloutHook:
         """Metrics of the step just collected (``rollout/...``), logged with it."""
         return {}
 
+    def eval_metrics(self) -> dict[str, float | None]:
+        """Counters logged with every evaluation (``eval/...``, step 0's included), e.g. the real simulator
+        steps the run has taken so far (:mod:`mmrl.algos.real_steps`); called on every process."""
+        return {}
+
     def state_dict(self) -> dict[str, Any]:
         return {}
 

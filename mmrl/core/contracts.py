@@ -199,6 +199,33 @@ class ToolTask(Protocol):
 
 
 @runtime_checkable
+class SimulatorTask(Protocol):
+    """A task whose outputs are episodes of a simulator, where each real simulator step has a cost (robot tasks):
+    it says how many real steps episodes and demonstrations took, so a run can log its success against real
+    steps (``eval/real_env_steps``, :mod:`mmrl.algos.real_steps`). Episode keys are hashable ids of one
+    episode (for the table-top tasks: ``(env_id, seed)``); a key's demonstration is the same episode every time."""
+
+    def real_env_steps(self, outputs: Sequence[Any]) -> int:
+        """Real simulator steps the episodes ``outputs`` took (0 for episodes of a learned simulator; 0 for an
+        output that is not an episode)."""
+        ...
+
+    def demonstration_steps(self, examples: Sequence[Any]) -> dict[Any, int]:
+        """The real steps of the scripted-expert demonstration of each distinct example, by episode key (runs
+        the demonstrations not yet run, without keeping their frames)."""
+        ...
+
+    def demonstrations_run(self) -> dict[Any, int]:
+        """The real steps of every demonstration this task object has run for ``reference_output``, by key."""
+        ...
+
+    def simulator_data_env_steps(self) -> int:
+        """Real steps behind the task's training simulator itself: a learned world model's own training data
+        (beyond the warm start's demonstrations); 0 for a real simulator."""
+        ...
+
+
+@runtime_checkable
 class HintedTask(Protocol):
     """A task that can put a hint toward an example's answer into its context (Guide, ``algo.guide``)."""
 

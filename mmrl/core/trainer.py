@@ -271,10 +271,13 @@ class Trainer:
 
     # -- evaluation and checkpoints ------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
-        """Held-out metrics (:func:`mmrl.core.evaluate.evaluate_sets`); sample outputs to the logger."""
+        """Held-out metrics (:func:`mmrl.core.evaluate.evaluate_sets`) and the rollout hooks' ``eval_metrics``;
+        sample outputs to the logger."""
         with self.engine.full_parameters(self.model):
             metrics, samples = evaluate_sets(self.policy, self.task, self.cfg, self.engine, self.eval_sets, self.step)
         self.logger.log_samples(self.step, samples)
+        for _, hook in self.rollout_hooks:  # counters read with the evaluation (real env steps so far, ...)
+            metrics |= hook.eval_metrics()
         return metrics
 
     def save_checkpoint(self) -> None:
@@ -290,8 +293,8 @@ class Trainer:
         self.step, self.guard.skipped_updates = state["step"], state["skipped_updates"]
         self.policy.version = state["policy_version"]
         self.data_rng.bit_generator.state = state["data_rng"]
-        for name, hook in self.rollout_hooks:
-            hook.load_state_dict(state["hooks"][name])
+        for name, hook in self.rollout_hooks:  # a hook added after the checkpoint was written: {}
+            hook.load_state_dict(state["hooks"].get(name, {}))
         for name, hook in self.loss_hooks:  # checkpoints from before loss hooks kept state hold none
             hook.load_state_dict(state.get("loss_hooks", {}).get(name, {}))
 

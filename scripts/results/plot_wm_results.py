@@ -18,6 +18,9 @@ Real-simulator steps counted per arm (evaluation episodes are not counted for an
 - RFT in the world model: BC + the world model's own training data (``real_env_steps`` of its
   ``train_log.json`` minus the BC demonstrations it reused, ``demonstration_env_steps``), constant
   during RFT: no rollout touches MuJoCo.
+
+Runs that log ``eval/real_env_steps`` (all runs since it exists) plot for any set of learners, without these
+constants, with ``scripts/results/plot_real_steps.py``.
 """
 
 from __future__ import annotations
@@ -33,29 +36,16 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from mmrl.core.logging import read_metrics  # noqa: E402
+from mmrl.experiments.real_steps import SPLITS, mean_success, rollout_steps_by_step, success  # noqa: E402
 from mmrl.tasks.robot.world_model_rft import world_model_own_steps  # noqa: E402
-
-SPLITS = ("test", "ood_color", "ood_position", "ood_instruction", "ood_distractor")
-
-
-def success(row: dict, split: str) -> float:
-    return row["eval/success_rate"] if split == "test" else row[f"eval/{split}/success_rate"]
-
-
-def mean_success(row: dict) -> float:
-    """Greedy real-sim success averaged over the five splits (5 × 64 episodes)."""
-    return float(np.mean([success(row, s) for s in SPLITS]))
 
 
 def mujoco_points(run: Path, bc_steps: int) -> list[tuple[int, int, dict]]:
-    """(RL step, real steps, eval row) of an RL-in-MuJoCo run."""
-    rows, used, points = read_metrics(run), 0, []
-    for row in rows:
-        if "rollout/len_mean" in row and row["step"] > 0:
-            used += int(round(row["rollout/trained_rows"] * row["rollout/len_mean"]))
-        if "eval/success_rate" in row:
-            points.append((row["step"], bc_steps + used, row))
-    return points
+    """(RL step, real steps, eval row) of an RL-in-MuJoCo run: BC + the rollouts' steps so far (derived from the
+    rollout rows, so runs logged before ``eval/real_env_steps`` plot too)."""
+    rows = read_metrics(run)
+    used = rollout_steps_by_step(rows)
+    return [(row["step"], bc_steps + used[row["step"]], row) for row in rows if "eval/success_rate" in row]
 
 
 def rft_points(run: Path, bc_steps: int, world_model_steps: int) -> list[tuple[int, int, dict]]:

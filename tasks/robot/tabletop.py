@@ -131,13 +131,17 @@ def demonstrate(env: gymnasium.Env, seed: int, noise: float) -> Demonstration:
 class EpisodeTask:
     """What the simulator tasks share: the output is an episode, its return Φ(s_T) − Φ(s_0) the reward;
     reference outputs are scripted-expert demonstrations (DART noise), cached by (env id, seed). A subclass
-    draws its examples (``sample_batch``) and may add env arguments (``env_kwargs``)."""
+    draws its examples (``sample_batch``) and may add env arguments (``env_kwargs``).
+
+    Every step is a real simulator step (:class:`~mmrl.core.contracts.SimulatorTask`): episodes count their
+    length, demonstrations theirs, once per (env id, seed) (the same seed replays the same noisy episode)."""
 
     reward_range = RETURN_RANGE
 
     def __init__(self, cfg: Any):
         self.cfg = cfg
         self._demos: OrderedDict[tuple[str, int], Demonstration] = OrderedDict()
+        self._demo_steps: dict[tuple[str, int], int] = {}  # every demonstration run for reference_output
         self._env: dict[str, gymnasium.Env] = {}
 
     def env_kwargs(self) -> dict[str, Any]:
@@ -155,9 +159,33 @@ class EpisodeTask:
         key = (example.env_id, example.seed)
         if key not in self._demos:
             self._demos[key] = self.demonstrate(example)
+            self._demo_steps[key] = len(self._demos[key].rewards)
             if len(self._demos) > self.cfg.demo_cache:
                 self._demos.popitem(last=False)
         return self._demos[key]
+
+    # -- real simulator steps (SimulatorTask) ------------------------------------------------------
+    def real_env_steps(self, outputs: Sequence[object]) -> int:
+        """Σ length of the episodes among ``outputs`` (all real for the MuJoCo tasks)."""
+        return sum(o.length for o in outputs if isinstance(o, EpisodeSummary))
+
+    def demonstration_steps(self, examples: Sequence[EpisodeExample]) -> dict[tuple[str, int], int]:
+        """Length of each distinct example's demonstration, by (env id, seed): from the runs of this task object,
+        else run now (frames not kept: counting a warm start's thousands of demonstrations holds no images)."""
+        steps: dict[tuple[str, int], int] = {}
+        for example in examples:
+            key = (example.env_id, example.seed)
+            if key not in steps:
+                known = self._demo_steps.get(key)
+                steps[key] = known if known is not None else len(self.demonstrate(example).rewards)
+        return steps
+
+    def demonstrations_run(self) -> dict[tuple[str, int], int]:
+        return dict(self._demo_steps)
+
+    def simulator_data_env_steps(self) -> int:
+        """0: the MuJoCo simulator is real, it was built from no data."""
+        return 0
 
     def demonstrate(self, example: EpisodeExample) -> Demonstration:
         """Run the scripted expert (with noise injection) for one episode; record obs and labels."""

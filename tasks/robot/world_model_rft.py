@@ -14,6 +14,9 @@
 - ``metrics`` add ``real_env_steps_rl``: real-simulator steps the RL phase consumed beyond the
   warm start, i.e. the world model's own training data (0 real steps are taken during RFT; a world
   model trained on the warm start's demonstrations counts only what it collected on top of them).
+
+Real steps (:class:`~mmrl.core.contracts.SimulatorTask`): world-model episodes take none; the world model's own
+data (the same count as ``real_env_steps_rl``) is ``simulator_data_env_steps``.
 """
 
 from __future__ import annotations
@@ -120,6 +123,19 @@ class WorldModelRFTTask(RobotTask):
 
     def reference_output(self, example: EpisodeExample):
         return super().reference_output(self.real_example(example))
+
+    def demonstration_steps(self, examples: Sequence[EpisodeExample]) -> dict[tuple[str, int], int]:
+        """As ``robot/reach-v0``'s: demonstrations run in the real simulator (world-model examples map to it)."""
+        return super().demonstration_steps([self.real_example(ex) for ex in examples])
+
+    def real_env_steps(self, outputs: Sequence[object]) -> int:
+        """Σ length of the real-simulator episodes among ``outputs``; world-model episodes take no real step."""
+        return super().real_env_steps([o for o in outputs if isinstance(o, EpisodeSummary)
+                                       and o.env_id != self.wm_env_id])
+
+    def simulator_data_env_steps(self) -> int:
+        """The world model's own real-simulator data beyond the warm start's demonstrations."""
+        return self.world_model_real_steps
 
 
 def make_wm_task_factory(task: str):

@@ -183,3 +183,14 @@ def test_rft_in_the_world_model_raises_real_simulator_success(tmp_path, seed):
         return np.mean([v for k, v in row.items() if k.startswith("eval/") and k.endswith("success_rate")])
 
     assert mean_success(evals[-1]) >= mean_success(evals[0]) + 0.03, [mean_success(r) for r in evals]
+
+
+def test_real_steps_world_model_episodes_take_none_its_data_counts(task):
+    ex = task.sample_batch("train", 1, np.random.default_rng(2))[0]
+    imagined = EpisodeSummary(ex.env_id, ex.seed, False, -0.2, 6)
+    real = EpisodeSummary("mmrl/Reach-v0", 1_000_003, True, 1.4, 9)
+    assert task.real_env_steps([imagined, imagined]) == 0 and task.real_env_steps([imagined, real]) == 9
+    assert task.simulator_data_env_steps() == 18  # the fixture's 3 real episodes of 6 steps, its own data
+    steps = task.demonstration_steps([ex])  # the world-model example's demonstration runs in the real simulator
+    assert list(steps) == [("mmrl/Reach-v0", ex.seed)]
+    assert steps[("mmrl/Reach-v0", ex.seed)] == len(task.reference_output(ex).rewards)
