@@ -47,6 +47,7 @@ class HookContext:
     score: Callable[[Rollout, Sequence[Any]], Scored]  # verify + reward shaping, as the trainer scores rows
     warm_start_examples: Callable[[], list[Any]]  # the warm start's own examples, drawn again (no new data)
     out: Path | None = None  # the run folder: hooks that keep data of their own write it under here
+    warm_start_dir: Path | None = None  # where the run's cached warm start lives (or would): data kept beside it
 
 
 @dataclass(frozen=True)

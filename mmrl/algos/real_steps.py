@@ -40,13 +40,11 @@ def warm_start_demonstration_steps(task: SimulatorTask, ctx: HookContext) -> dic
     """The real steps of the warm start's demonstrations, by ``repr(key)``: read from ``demonstration_steps.json``
     beside the cached warm-start weights, else counted by replaying them (thousands of short episodes: 10-30 s on
     one CPU core) and written there (the count is a function of the cache key's task and warm-start config)."""
-    from mmrl.core.warm_start import warm_start_path  # mmrl.core.config imports mmrl.algos: import when used
-
-    path = warm_start_path(ctx.cfg) / DEMO_STEPS_FILE
-    if path.is_file():
+    path = ctx.warm_start_dir / DEMO_STEPS_FILE if ctx.warm_start_dir is not None else None
+    if path is not None and path.is_file():
         return {key: int(steps) for key, steps in json.loads(path.read_text()).items()}
     steps = {repr(key): n for key, n in task.demonstration_steps(ctx.warm_start_examples()).items()}
-    if path.parent.is_dir() and ctx.engine.is_main:  # a cached warm start (warm_start.cache: true)
+    if path is not None and path.parent.is_dir() and ctx.engine.is_main:  # a cached warm start (warm_start.cache: true)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(steps))
         os.replace(tmp, path)

@@ -39,7 +39,7 @@ from mmrl.core.rollout import Rollout, SamplingParams, derive_seed, draw_per_exa
 from mmrl.core.run_folder import prepare_out_dir, release_lock
 from mmrl.core.optim import build_optimizer
 from mmrl.core.scored import Scored, finite_outcomes, reward_stats
-from mmrl.core.warm_start import build_initial_policy, warm_start_examples
+from mmrl.core.warm_start import build_initial_policy, warm_start_examples, warm_start_path
 
 
 class Trainer:
@@ -70,7 +70,7 @@ class Trainer:
         self.step, self.guard = 0, NonFiniteGuard(self.engine, t.max_skipped_frac)
         self.needs = algo_needs(cfg.algo)  # what the estimator / shaping hooks need beyond the core inputs
         ctx = HookContext(cfg, self.policy, self.model, self.task, self.engine, self.score,
-                          lambda: warm_start_examples(self.task, cfg), self.out)
+                          lambda: warm_start_examples(self.task, cfg), self.out, warm_start_path(cfg))
         self.rollout_hooks = build_hooks(ROLLOUT_HOOKS, ctx)
         self.loss_hooks = build_hooks(LOSS_HOOKS, ctx)
         self.draw = compose_draw([hook for _, hook in self.rollout_hooks], self.sample)
