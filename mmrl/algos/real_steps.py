@@ -12,8 +12,9 @@ Every run of a :class:`~mmrl.core.contracts.SimulatorTask` (the robot tasks) log
 - ``eval/demo_env_steps``: the real steps of the scripted-expert demonstrations of the run's
   supervised warm start (``warm_start.sft_steps`` batches; each distinct (env, seed) once), reported
   apart because runs that share a warm start (the same cached weights) share them. 0 without a warm
-  start of this run's own (``warm_start.init_from``, a ``pretrained`` policy). Counted by replaying them once
-  per cached warm start, then read from ``demonstration_steps.json`` beside its weights.
+  start of this run's own (``warm_start.init_from``, a ``pretrained`` policy). Counted as the warm start runs
+  them and read from ``demonstration_steps.json`` beside its cached weights (a warm start cached before that
+  file existed is replayed once to count them).
 
 The counter is a rollout hook that is always built and innermost (registered after every other one,
 so it sees every draw that reaches the policy), inert for tasks that are not simulators. It reports
@@ -28,19 +29,19 @@ from collections.abc import Sequence
 from typing import Any
 
 from mmrl.algos.hooks import ROLLOUT_HOOKS, Draw, HookContext, HookSpec, RolloutHook
-from mmrl.core.contracts import SimulatorTask
+from mmrl.core.contracts import DEMONSTRATION_STEPS_FILE, SimulatorTask
 from mmrl.core.rollout import Rollout, SamplingParams
 
 REAL_STEPS = "eval/real_env_steps"
 DEMO_STEPS = "eval/demo_env_steps"
-DEMO_STEPS_FILE = "demonstration_steps.json"
 
 
 def warm_start_demonstration_steps(task: SimulatorTask, ctx: HookContext) -> dict[str, int]:
     """The real steps of the warm start's demonstrations, by ``repr(key)``: read from ``demonstration_steps.json``
-    beside the cached warm-start weights, else counted by replaying them (thousands of short episodes: 10-30 s on
-    one CPU core) and written there (the count is a function of the cache key's task and warm-start config)."""
-    path = ctx.warm_start_dir / DEMO_STEPS_FILE if ctx.warm_start_dir is not None else None
+    beside the cached warm-start weights (the warm start writes it as it runs them), else, for a warm start cached
+    before that file existed, counted by replaying them (thousands of short episodes: 10-30 s on one CPU core) and
+    written there (the count is a function of the cache key's task and warm-start config)."""
+    path = ctx.warm_start_dir / DEMONSTRATION_STEPS_FILE if ctx.warm_start_dir is not None else None
     if path is not None and path.is_file():
         return {key: int(steps) for key, steps in json.loads(path.read_text()).items()}
     steps = {repr(key): n for key, n in task.demonstration_steps(ctx.warm_start_examples()).items()}

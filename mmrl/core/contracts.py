@@ -198,6 +198,11 @@ class ToolTask(Protocol):
         ...
 
 
+DEMONSTRATION_STEPS_FILE = "demonstration_steps.json"
+"""Beside a cached warm start of a :class:`SimulatorTask`: the real steps of its demonstrations, by ``repr(key)``
+(written by the warm start that ran them; ``eval/demo_env_steps`` reads it)."""
+
+
 @runtime_checkable
 class SimulatorTask(Protocol):
     """A task whose outputs are episodes of a simulator, where each real simulator step has a cost (robot tasks):

@@ -21,7 +21,7 @@ import torch
 from tqdm.auto import tqdm
 
 from mmrl.core.config import TrainConfig, to_dict
-from mmrl.core.contracts import HintedTask, Policy, ToolTask
+from mmrl.core.contracts import DEMONSTRATION_STEPS_FILE, HintedTask, Policy, SimulatorTask, ToolTask
 from mmrl.core.paths import cache_root
 from mmrl.core.registry import make_policy, make_task
 
@@ -92,10 +92,14 @@ def build_initial_policy(cfg: TrainConfig, device: torch.device | str = "cpu", i
         return policy
     path = warm_start_path(cfg)
     if not (ws.cache and path.is_dir()) and is_main:
-        sft(policy, cfg)
+        task = make_task(cfg.task.name, cfg.task.args)
+        sft(policy, cfg, task=task)
         tmp = path.with_name(path.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         policy.save_pretrained(str(tmp))
+        if isinstance(task, SimulatorTask):  # the demonstrations' real steps, counted as they ran (no replay later)
+            steps = {repr(key): n for key, n in task.demonstrations_run().items()}
+            (tmp / DEMONSTRATION_STEPS_FILE).write_text(json.dumps(steps))
         shutil.rmtree(path, ignore_errors=True)
         os.replace(tmp, path)
     wait()
@@ -136,15 +140,16 @@ Pairs = Callable[[np.random.Generator], tuple[list[Any], list[Any]]]
 
 
 def sft(policy: Policy, cfg: TrainConfig, steps: int | None = None,
-        on_step: Callable[[int, float], None] | None = None) -> list[float]:
+        on_step: Callable[[int, float], None] | None = None, task: Any | None = None) -> list[float]:
     """``warm_start.sft_steps`` (or ``steps``) AdamW steps of supervised fine-tuning on reference outputs (for a
     :class:`~mmrl.core.contracts.ToolTask`, every turn of each example's reference episode: a batch of
     ``batch_size`` examples may then hold more rows).
 
     ``on_step(step, loss)`` is called once before the first step (step 0, loss NaN: after any vision
     pretraining) and after each step: learning-curve probes evaluate there (scripts/results/sft_probe.py),
-    on exactly the steps the warm start takes."""
-    task = make_task(cfg.task.name, cfg.task.args)
+    on exactly the steps the warm start takes. ``task``: the recipe's task object to draw from (built here
+    when None), e.g. to read what its demonstrations cost afterwards."""
+    task = make_task(cfg.task.name, cfg.task.args) if task is None else task
     ws = cfg.warm_start
     check_hints(task, cfg)
     rng, hint_rng = np.random.default_rng(ws.seed), hint_generator(ws.seed)

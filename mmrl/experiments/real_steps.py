@@ -19,12 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
+from mmrl.algos.real_steps import DEMO_STEPS, REAL_STEPS
 from mmrl.core.logging import read_metrics
 
 SPLITS = ("test", "ood_color", "ood_position", "ood_instruction", "ood_distractor")
 """The reach task's evaluated splits: ``eval.split`` and its four ``eval.extra_splits``."""
-REAL_STEPS = "eval/real_env_steps"
-DEMO_STEPS = "eval/demo_env_steps"
 
 
 def success(row: dict, split: str) -> float:

@@ -17,7 +17,7 @@ from mmrl.algos.offpolicy import read_logged_episodes
 from mmrl.core.config import load_config
 from mmrl.core.registry import make_task
 from mmrl.core.trainer import Trainer, train
-from mmrl.core.warm_start import warm_start_path
+from mmrl.core.warm_start import build_initial_policy, warm_start_path
 from mmrl.samplers.gym_runner import EpisodeSummary
 
 QUIET = ["log.progress=false", "log.tensorboard=false"]
@@ -75,6 +75,14 @@ def test_wsrl_counts_its_offline_demonstrations_and_resumes_exactly(tmp_path):
     train(load_config("vla_reach/wsrl_tiny_cpu", [*WSRL, "trainer.steps=1"]), part)
     Trainer(load_config("vla_reach/wsrl_tiny_cpu", WSRL), part, resume=True).train()
     assert rows_of(part)[-1]["eval/real_env_steps"] == rows[-1]["eval/real_env_steps"]
+
+
+def test_the_warm_start_counts_its_demonstrations_as_it_runs_them(tmp_path, monkeypatch):
+    monkeypatch.setenv("MMRL_CACHE", str(tmp_path))
+    cfg = load_config("vla_reach/tiny_cpu", PPO)
+    build_initial_policy(cfg)  # no run, no hook: the count is the warm start's own
+    counted = json.loads((warm_start_path(cfg) / "demonstration_steps.json").read_text())
+    assert sum(counted.values()) == replayed_warm_start_steps(3, 4)
 
 
 def test_text_tasks_log_no_real_steps(tmp_path, sanity_config):
