@@ -511,6 +511,13 @@ class VLMPolicy(Policy):
     def plain_logits(self, prompts: VisionPrompts, completion_ids: Tensor, completion_mask: Tensor,
                      with_token_types: bool = True) -> Tensor:
         """[N, T, V] logits predicting each completion token from one forward over every row's prompt + completion."""
+        out = self.plain_forward(prompts, completion_ids, completion_mask, with_token_types)
+        # Position i predicts token i + 1: the last T + 1 positions' first T predict the completion.
+        return out.logits[:, :-1]
+
+    def plain_forward(self, prompts: VisionPrompts, completion_ids: Tensor, completion_mask: Tensor,
+                      with_token_types: bool = True, hidden_states: bool = False) -> Any:
+        """The model's output over every row's prompt + completion, logits kept for the last T + 1 positions."""
         input_ids = torch.cat([prompts.input_ids, completion_ids], 1)
         attention = torch.cat([prompts.attention_mask, completion_mask], 1)
         inputs: dict[str, Any] = prompts.vision_inputs()
@@ -521,9 +528,8 @@ class VLMPolicy(Policy):
         else:  # text only: 1-D positions that skip the left padding, as generate computes them
             inputs["position_ids"] = positions_from_mask(attention)
         t = completion_ids.shape[1]
-        out = self.model(input_ids=input_ids, attention_mask=attention, use_cache=False, logits_to_keep=t + 1, **inputs)
-        # Position i predicts token i + 1: the last T + 1 positions' first T predict the completion.
-        return out.logits[:, :-1]
+        return self.model(input_ids=input_ids, attention_mask=attention, use_cache=False, logits_to_keep=t + 1,
+                          output_hidden_states=hidden_states, **inputs)
 
     def forward(self, rollout: Rollout, with_entropy: bool = False) -> PolicyOutput:
         return self.score(rollout.payload, with_entropy)
@@ -570,6 +576,18 @@ class VLMPolicy(Policy):
         logits = self.plain_logits(payload.prompts.to(device).select(payload.prompt_of_row), completion_ids,
                                    completion_mask)
         return tempered_log_softmax(logits, temperature, self.suppressed), completion_mask.float()
+
+    @torch.no_grad()
+    def completion_features(self, examples: Sequence[Any], outputs: Sequence[str]) -> Tensor:
+        payload = self.completion_payload(examples, [str(o) for o in outputs], 1.0)
+        device = self.suppressed.device
+        completion_ids, completion_mask = payload.completion_ids.to(device), payload.completion_mask.to(device)
+        out = self.plain_forward(payload.prompts.to(device).select(payload.prompt_of_row), completion_ids,
+                                 completion_mask, hidden_states=True)
+        # The completion is the last T positions (prompts are left-padded, completions right-padded).
+        states = out.hidden_states[-1][:, -completion_ids.shape[1]:].float()  # [n, T, D]: after each output token
+        mask = completion_mask.float()[..., None]
+        return (states * mask).sum(1) / mask.sum(1).clamp(min=1)
 
     @property
     def vision_encoder(self) -> torch.nn.Module:

@@ -53,3 +53,25 @@ def test_vlm_distributions_ssb_cipo_and_ebft_features_run_on_the_vlm(tmp_path):
     trainer.train()
     last = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
     assert last["rollout/cipo_prompts"] > 0 and math.isfinite(last["loss/total"]) and "rollout/ebft_reward" in last
+
+
+def test_vlm_completion_features_ignore_padding_and_drive_ebft(tmp_path):
+    """EBFT's default hidden-state features on the VLM: a row's feature does not depend on the rows padded
+    beside it (outputs of different lengths), the features of different outputs differ, and EBFT trains with
+    them."""
+    import torch
+
+    cfg = load_config("vlm_sanity/tiny_cpu", [*SMALL, "algo.ebft=true"])
+    trainer = Trainer(cfg, tmp_path / "run")
+    examples = trainer.task.sample_batch("train", 2, np.random.default_rng(0))
+    outputs = [trainer.task.reference_output(examples[0]), trainer.task.reference_output(examples[1]) + " and more"]
+    together = trainer.policy.completion_features(examples, outputs)
+    alone = torch.cat([trainer.policy.completion_features([e], [o]) for e, o in zip(examples, outputs)])
+    assert together.shape == (2, trainer.policy.model.config.get_text_config().hidden_size)
+    assert not together.requires_grad
+    torch.testing.assert_close(together, alone, atol=1e-5, rtol=1e-4)
+    other = trainer.policy.completion_features(examples[:1], ["blue"])
+    assert not torch.allclose(other, together[:1])
+    trainer.train()
+    last = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert math.isfinite(last["loss/total"]) and "rollout/ebft_reward" in last
