@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
                           help="write the pass@k curve as a PNG (default path pass_at_k.png)")
     evaluate.add_argument("--extrapolate-logits", type=float, default=None, metavar="ALPHA",
                           help="sample from z_base + ALPHA·(z − z_base), z the model's logits and z_base those of "
-                               "--base (Linear evolution, #10: 0 base, 1 the model, > 1 extrapolates; causal_lm)")
+                               "--base (Linear evolution, #10: 0 base, 1 the model, > 1 extrapolates; causal_lm and vlm)")
     evaluate.add_argument("--base", help="with --extrapolate-logits: the base weights (a model, run or sft folder "
                                          "that the same policy loads)")
     evaluate.add_argument("--json", help="also write the metrics to this JSON file")

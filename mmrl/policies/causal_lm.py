@@ -8,7 +8,7 @@ are the decoded completion strings.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -16,7 +16,7 @@ from typing import Any, Literal
 import torch
 from safetensors.torch import load_file, save_file
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LogitsProcessor,
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig,
                           LogitsProcessorList, PreTrainedTokenizerFast)
 
 from mmrl.core.contracts import Policy, PolicyOutput, answer_prefix_of, turns_of
@@ -25,12 +25,10 @@ from mmrl.policies.lora import add_lora, load_lora_weights
 from mmrl.policies.tokens import (BehaviourLogprobs, TokenPayload, completion_mask_from_eos, positions_from_mask,
                                   tempered_log_softmax, token_logprobs)
 from mmrl.core.rollout import Rollout, SamplingParams
+from mmrl.samplers.tokens import LogitsGuide, VisionPrompts
 
 PAD, EOS = "<pad>", "<eos>"
 
-LogitsGuide = Callable[[torch.Tensor, torch.Tensor], LogitsProcessor]
-"""``(prompt_ids [N, P], prompt_mask [N, P]) -> LogitsProcessor``: a processor for one ``generate`` call that
-changes the raw logits before sampling (logits extrapolation, :mod:`mmrl.policies.logits_extrapolation`)."""
 VALUE_HEAD_FILE = "value_head.safetensors"
 
 
@@ -202,7 +200,9 @@ class CausalLMPolicy(Policy):
             # The one processor applies temperature, suppressed ids and top-p, and records each sampled token's
             # log-prob step by step (the HF sampler's: no [N, T, V] stack of every step's logits).
             behaviour = BehaviourLogprobs(sampling.temperature, sampling.top_p, self.suppressed)
-            guides = [guide(prompt_ids, prompt_mask) for guide in self.logits_guides]
+            # Guides read each distinct prompt once (rows r·G … r·G + G − 1 repeat prompt r, padded alike).
+            distinct = VisionPrompts.text_only(prompt_ids[::group_size], prompt_mask[::group_size], self.pad_id)
+            guides = [guide(distinct, group_size) for guide in self.logits_guides]
             out = self.model.generate(
                 input_ids=prompt_ids, attention_mask=prompt_mask, do_sample=not greedy,
                 **({} if greedy else {"temperature": 1.0, "top_p": 1.0, "top_k": 0}),

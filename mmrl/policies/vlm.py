@@ -44,7 +44,7 @@ from mmrl.policies.lora import BASE_FOLDER, add_lora, load_lora_weights
 from mmrl.policies.shared_prefix import can_share, prompt_positions, score_logits
 from mmrl.policies.tokens import positions_from_mask, tempered_log_softmax, token_logprobs
 from mmrl.core.rollout import Rollout, SamplingParams
-from mmrl.samplers.tokens import CompletionSampler, Completions, TokenRules, VisionPrompts
+from mmrl.samplers.tokens import CompletionSampler, Completions, LogitsGuide, TokenRules, VisionPrompts
 
 PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
 
@@ -197,6 +197,9 @@ class VLMPolicy(Policy):
         if cfg.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         self._sampler: CompletionSampler | None = None
+        self.logits_guides: tuple[LogitsGuide, ...] = ()
+        """Processors applied to the raw logits of every ``rollout``, in order, before the sampling distribution
+        is formed (empty: the model's own logits; the HF sampler only)."""
 
     # -- construction ----------------------------------------------------------------------------
     @classmethod
@@ -470,7 +473,7 @@ class VLMPolicy(Policy):
         prompts = replace(prompts, position_ids=prompt_positions(self.model, prompts))
         rows = torch.arange(len(examples)).repeat_interleave(group_size)
         completions = self.sampler.sample(self.model, prompts, sampling, self.rules, seed, self.version,
-                                          group_size=group_size)
+                                          group_size=group_size, guides=self.logits_guides)
         completions = self.end_at_disallowed(completions)
         ids, mask = completions.ids.cpu(), completions.mask.cpu()
         texts = self.processor.tokenizer.batch_decode(ids.masked_fill(mask == 0, self.rules.pad_id),

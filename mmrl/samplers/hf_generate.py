@@ -11,11 +11,16 @@ tokens × vocabulary floats, 74 GiB at 64 rows × 2048 tokens of a 152 k vocabul
 With ``group_size`` > 1 each prompt is read once: its prefill runs on the distinct prompts and the
 KV cache is expanded to the group (:func:`mmrl.policies.shared_prefix.prefill_for_generation`);
 the random draws are the same as when every row is prefilled, so a seed gives the same samples.
+
+Logits guides (:data:`~mmrl.samplers.tokens.LogitsGuide`, e.g. logits extrapolation) run before that processor,
+one per ``generate`` call, built from the call's distinct prompts and the group size.
 """
 
 from __future__ import annotations
 
 import torch
+from collections.abc import Sequence
+
 from torch import nn
 from torch.nn import functional as F
 from transformers import GenerationConfig, LogitsProcessorList
@@ -23,7 +28,7 @@ from transformers import GenerationConfig, LogitsProcessorList
 from mmrl.policies.shared_prefix import prefill_for_generation
 from mmrl.policies.tokens import BehaviourLogprobs, completion_mask_from_eos
 from mmrl.core.rollout import SamplingParams
-from mmrl.samplers.tokens import Completions, TokenRules, VisionPrompts
+from mmrl.samplers.tokens import Completions, LogitsGuide, TokenRules, VisionPrompts
 
 
 class HFGenerateSampler:
@@ -34,7 +39,8 @@ class HFGenerateSampler:
 
     @torch.no_grad()
     def sample(self, model: nn.Module, prompts: VisionPrompts, sampling: SamplingParams, rules: TokenRules,
-               seed: int, policy_version: int, group_size: int = 1) -> Completions:
+               seed: int, policy_version: int, group_size: int = 1,
+               guides: Sequence[LogitsGuide] = ()) -> Completions:
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
         device = rules.suppressed.device
@@ -49,7 +55,7 @@ class HFGenerateSampler:
             torch.manual_seed(seed)
             for start in range(0, count, per_chunk):
                 chunk = prompts.select(torch.arange(start, min(start + per_chunk, count))).to(device)
-                chunk_ids, chunk_logp = self._generate(model, chunk, group_size, sampling, rules)
+                chunk_ids, chunk_logp = self._generate(model, chunk, group_size, sampling, rules, guides)
                 ids.append(chunk_ids)
                 logps.append(chunk_logp)
         model.train(was_training)
@@ -62,8 +68,8 @@ class HFGenerateSampler:
 
     @staticmethod
     def _generate(model: nn.Module, prompts: VisionPrompts, group_size: int, sampling: SamplingParams,
-                  rules: TokenRules) -> tuple[torch.Tensor, torch.Tensor]:
-        """``group_size`` completions of each prompt row, prompt-major."""
+                  rules: TokenRules, guides: Sequence[LogitsGuide] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+        """``group_size`` completions of each prompt row, prompt-major; ``guides`` change the raw logits first."""
         greedy = sampling.temperature == 0
         # An explicit neutral generation config (temperature 1, no top-k / top-p / suppression: the one
         # processor below does all of it): a checkpoint's generation_config.json (top_k, repetition
@@ -73,6 +79,7 @@ class HFGenerateSampler:
                                   return_dict_in_generate=True,
                                   **({} if greedy else {"temperature": 1.0, "top_p": 1.0, "top_k": 0}))
         behaviour = BehaviourLogprobs(sampling.temperature, sampling.top_p, rules.suppressed)
+        processors = [guide(prompts, group_size) for guide in guides] + [behaviour]
         prefilled = prefill_for_generation(model, prompts, group_size) if group_size > 1 else None
         repeat = torch.arange(prompts.num_rows).repeat_interleave(group_size)
         rows = prompts if group_size == 1 else prompts.select(repeat)
@@ -80,7 +87,7 @@ class HFGenerateSampler:
         inputs = prefilled if prefilled is not None else rows.vision_inputs()
         out = model.generate(input_ids=rows.input_ids, attention_mask=rows.attention_mask,
                              mm_token_type_ids=rows.mm_token_type_ids, generation_config=config,
-                             logits_processor=LogitsProcessorList([behaviour]), **inputs)
+                             logits_processor=LogitsProcessorList(processors), **inputs)
         completion_ids = out.sequences[:, rows.input_ids.shape[1]:]  # [n, T]
         mask = completion_mask_from_eos(completion_ids, rules.eos_ids)  # [n, T]: tokens up to the first EOS
         logp = behaviour.finish(completion_ids[:, -1])

@@ -4,18 +4,20 @@ A policy encodes its prompts once into :class:`VisionPrompts` (the model's own i
 image placeholders expanded) and asks a :class:`CompletionSampler` (``hf_generate`` or ``vllm``)
 for :class:`Completions`: token ids, the behaviour log-probs of the tempered distribution with the
 policy's :class:`TokenRules` applied, and the mask. The sampler knows nothing about tasks or
-policies; the policy re-scores the same rows with gradients.
+policies; the policy re-scores the same rows with gradients. A :data:`LogitsGuide` (logits extrapolation)
+changes the raw logits of one sampling call before the sampling distribution is formed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
+from transformers import LogitsProcessor
 
 from mmrl.core.rollout import SamplingParams
 
@@ -59,6 +61,14 @@ class VisionPrompts:
     video_grid_thw: Tensor | None = None  # [num_videos, 3] long (t, h, w) in patches
     second_per_grid_ts: Tensor | None = None  # [num_videos] float; None where the processor gives none (Qwen2-VL, Qwen3-VL)
     position_ids: Tensor | None = None  # [3, N, P] long: the prompt tokens' (m)RoPE positions, computed once per prompt
+
+    @classmethod
+    def text_only(cls, input_ids: Tensor, attention_mask: Tensor, pad_id: int) -> VisionPrompts:
+        """Left-padded text prompts ([N, P] each) as a text-only causal LM reads them (no images, no videos)."""
+        rows = input_ids.shape[0]
+        return cls(input_ids=input_ids, attention_mask=attention_mask, mm_token_type_ids=torch.zeros_like(input_ids),
+                   pixel_values=None, image_grid_thw=None,
+                   images_per_row=torch.zeros(rows, dtype=torch.long, device=input_ids.device), pad_id=pad_id)
 
     @property
     def num_rows(self) -> int:
@@ -151,6 +161,13 @@ def concat_videos(parts: Sequence[VisionPrompts]) -> dict[str, Any]:
         second_per_grid_ts=torch.cat(timed) if timed else None)
 
 
+LogitsGuide = Callable[[VisionPrompts, int], LogitsProcessor]
+"""``(prompts, group_size) -> LogitsProcessor`` for one ``generate`` call over the ``prompts.num_rows · group_size``
+rows it samples (prompt-major, as :class:`CompletionSampler` orders them): the processor sees every step's raw
+logits [rows, V] and returns the logits the sampling distribution is formed from (temperature, suppressed ids,
+top-p come after). Logits extrapolation (:mod:`mmrl.policies.logits_extrapolation`) is one."""
+
+
 @dataclass(frozen=True)
 class TokenRules:
     """What every sampler and the re-scoring forward must agree on."""
@@ -173,7 +190,9 @@ class CompletionSampler(Protocol):
     """Draws completions for prompt rows; all randomness from ``seed``."""
 
     def sample(self, model: nn.Module, prompts: VisionPrompts, sampling: SamplingParams, rules: TokenRules,
-               seed: int, policy_version: int, group_size: int = 1) -> Completions:
+               seed: int, policy_version: int, group_size: int = 1,
+               guides: Sequence[LogitsGuide] = ()) -> Completions:
         """``group_size`` completions per prompt row, prompt-major (rows ``r·G … r·G + G − 1`` continue prompt
         ``r``), so a sampler can read each prompt once. ``policy_version`` is the version of ``model``'s
-        weights; an engine holding its own copy of the weights (vLLM) syncs them first when its copy is older."""
+        weights; an engine holding its own copy of the weights (vLLM) syncs them first when its copy is older.
+        ``guides`` change the raw logits, in order, before sampling; a sampler that cannot run them refuses."""

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -31,7 +31,7 @@ from torch.nn import functional as F
 
 from mmrl.policies.tokens import completion_mask_from_eos
 from mmrl.core.rollout import SamplingParams
-from mmrl.samplers.tokens import Completions, TokenRules, VisionPrompts
+from mmrl.samplers.tokens import Completions, LogitsGuide, TokenRules, VisionPrompts
 
 
 def _load_weights_on_worker(worker, weights: list[tuple[str, torch.Tensor]]) -> int:
@@ -83,7 +83,11 @@ class VLLMSampler:
 
     @torch.no_grad()
     def sample(self, model: nn.Module, prompts: VisionPrompts, sampling: SamplingParams, rules: TokenRules,
-               seed: int, policy_version: int, group_size: int = 1) -> Completions:
+               seed: int, policy_version: int, group_size: int = 1,
+               guides: Sequence[LogitsGuide] = ()) -> Completions:
+        if guides:  # a guide runs a second model beside every decoding step, inside transformers' generate
+            raise ValueError("logits guides (e.g. logits extrapolation) need the HF sampler: "
+                             "set policy.args.sampler: hf")
         from vllm import SamplingParams as VLLMSamplingParams
 
         if group_size > 1:  # one request per row (vLLM's prefix cache shares each prompt's prefill)
