@@ -84,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
                           help="sample from z_base + ALPHA·(z − z_base), z the model's logits and z_base those of "
                                "--base (Linear evolution, #10: 0 base, 1 the model, > 1 extrapolates; causal_lm and vlm)")
     evaluate.add_argument("--base", help="with --extrapolate-logits: the base weights (a model, run or sft folder "
-                                         "that the same policy loads)")
+                                         "that the same policy loads), or warm_start: the --model run's cached "
+                                         "warm start")
     evaluate.add_argument("--json", help="also write the metrics to this JSON file")
     add_import_argument(evaluate)
 

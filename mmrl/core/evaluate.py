@@ -6,6 +6,8 @@
     mmrl eval configs/vie/tiny_cpu.yaml --model runs/vie_sft         # a recipe's task and policy, these weights
     mmrl eval sanity/tiny_cpu --model runs/sanity --base runs/sanity/checkpoints/step_20/policy \
         --extrapolate-logits 1.5                                     # sample from z_base + 1.5·(z − z_base)
+    mmrl eval configs/data/tiny_cpu.yaml --model runs/data_vqa --base warm_start --extrapolate-logits 2 --k 8
+                                                                     # the base: the run's cached warm start
 
 The metrics are the trainer's held-out ones (``reward_mean`` and the task's ``metrics``), computed
 by the same functions, so a number printed here equals the ``eval/<metric>`` a run logs for the
@@ -34,6 +36,8 @@ from mmrl.core.logging import HeldOutSample
 from mmrl.core.rollout import Rollout, SamplingParams, derive_seed
 
 RUN_CONFIG = "config.yaml"
+WARM_START_BASE = "warm_start"
+"""``--base warm_start``: the cached warm start RL started from (a folder of that name is given as ``./warm_start``)."""
 
 
 def verify(task: Any, task_id: str, rollout: Rollout, examples: Sequence[Any]) -> list[RewardResult]:
@@ -292,13 +296,34 @@ def load_policy(target: str, model: str | None, overrides: Sequence[str], policy
     return cfg, policy
 
 
+def base_folder(base: str, model: str | None, cfg: TrainConfig) -> str:
+    """The folder ``--base`` names: itself, or for ``warm_start`` the warm start cached for the ``--model`` run's
+    own config (else ``cfg``'s), i.e. the policy its RL started from."""
+    if base != WARM_START_BASE:
+        return base
+    from mmrl.core.warm_start import warm_start_path
+
+    if model is not None and (Path(model) / RUN_CONFIG).is_file():
+        cfg = validate(build(TrainConfig, read_recipe(Path(model) / RUN_CONFIG)))
+    if cfg.warm_start.init_from is not None:
+        return cfg.warm_start.init_from
+    if cfg.warm_start.sft_steps == 0:
+        raise ConfigError("--base warm_start: the config has no warm start (warm_start.sft_steps is 0); give a "
+                          "folder as --base")
+    path = warm_start_path(cfg)
+    if not path.is_dir():
+        raise FileNotFoundError(f"--base warm_start: no cached warm start for this config ({path}); train the recipe "
+                                f"once (mmrl train), or write one with `mmrl sft RECIPE --out DIR` and give --base DIR")
+    return str(path)
+
+
 def evaluate_target(target: str, model: str | None, overrides: Sequence[str], splits: Sequence[str],
                     s: EvalSettings, policy_name: str = "vlm", max_new_tokens: int | None = None,
                     extrapolate_logits: float | None = None, base: str | None = None
                     ) -> dict[str, dict[str, float]]:
     """Build the task and policy (:func:`resolve`), load the weights, evaluate every split. With
     ``extrapolate_logits`` α, sample from z_base + α·(z − z_base), the base being ``base``'s weights in the same
-    policy (:mod:`mmrl.policies.logits_extrapolation`)."""
+    policy (:mod:`mmrl.policies.logits_extrapolation`; ``warm_start``: :func:`base_folder`)."""
     from mmrl.core.registry import make_task
 
     if (extrapolate_logits is None) != (base is None):
@@ -313,7 +338,7 @@ def evaluate_target(target: str, model: str | None, overrides: Sequence[str], sp
         if extrapolate_logits is not None:
             from mmrl.policies.logits_extrapolation import logits_extrapolation
 
-            _, base_policy = load_policy(target, base, overrides, policy_name, "--base")
+            _, base_policy = load_policy(target, base_folder(base, model, cfg), overrides, policy_name, "--base")
             stack.enter_context(logits_extrapolation(policy, base_policy, extrapolate_logits))
         return {split: evaluate_policy(policy, task, cfg.task.name, dataclasses.replace(s, split=split))
                 for split in splits}

@@ -188,10 +188,10 @@ def test_vlm_refusals_name_the_mismatch(sanity_config):
     assert rl.logits_guides == ()
 
 
-def test_mmrl_eval_extrapolates_a_vlm_recipe_from_a_base_folder(tmp_path):
+def test_mmrl_eval_extrapolates_a_vlm_recipe_from_a_base_folder(tmp_path, capsys):
     """``mmrl eval configs/data/tiny_cpu.yaml --model RL --base BASE --extrapolate-logits α`` on the VQA data task:
     α = 1 gives the "RL" model's own metrics (greedy and pass@2: here a short warm start), α = 0 the base's
-    (the untrained model it started from)."""
+    (the untrained model it started from); ``--base warm_start`` names the config's cached warm start."""
     from mmrl.core.config import load_config
     from mmrl.core.warm_start import build_initial_policy
 
@@ -210,3 +210,10 @@ def test_mmrl_eval_extrapolates_a_vlm_recipe_from_a_base_folder(tmp_path):
     assert rl_alone != base_alone
     assert evaluate("rl", "--extrapolate-logits", "1", "--base", str(tmp_path / "base")) == rl_alone
     assert evaluate("rl", "--extrapolate-logits", "0", "--base", str(tmp_path / "base")) == pytest.approx(base_alone)
+    # the cached warm start of this config (the "RL" model here) as the base, at α = 0
+    assert evaluate("base", "warm_start.sft_steps=40", "--extrapolate-logits", "0",
+                    "--base", "warm_start") == pytest.approx(rl_alone)
+    capsys.readouterr()
+    assert main(["eval", "configs/data/tiny_cpu.yaml", "warm_start.sft_steps=41", "--model", str(tmp_path / "rl"),
+                 "--extrapolate-logits", "0", "--base", "warm_start"]) == 2  # none cached for 41 steps
+    assert "no cached warm start" in capsys.readouterr().err
