@@ -18,9 +18,9 @@ one per ``generate`` call, built from the call's distinct prompts and the group 
 
 from __future__ import annotations
 
-import torch
 from collections.abc import Sequence
 
+import torch
 from torch import nn
 from torch.nn import functional as F
 from transformers import GenerationConfig, LogitsProcessorList
