@@ -60,7 +60,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from mmrl.core.contracts import Policy, PolicyOutput
+from mmrl.core.contracts import ActionSelector, Policy, PolicyOutput
 from mmrl.core.rollout import Rollout, SamplingParams, derive_seed
 from mmrl.core.typed import ConfigError
 from mmrl.policies.consistency import ConsistencyHead, NoiseLevels
@@ -150,6 +150,13 @@ class VLAConfig:
         loader then refuses every objective that reads log π (:class:`mmrl.core.contracts.LogprobFreeConfig`)."""
         if self.action_head == "consistency":
             return "policy.args.action_head: consistency samples actions without a log-probability"
+        return None
+
+    def discrete_decisions(self) -> str | None:
+        """Why this head's decisions are discrete (the token head), else None: the recipe loader then refuses the
+        off-policy learners (:class:`mmrl.core.contracts.DiscreteDecisionConfig`)."""
+        if self.action_head == "tokens":
+            return "policy.args.action_head: tokens samples discrete action tokens"
         return None
 
 
@@ -287,6 +294,9 @@ class VLAPolicy(Policy):
             raise ValueError(f"policy.args.consistency_levels needs 0 < sigma_min < sigma_max, sigma_data > 0, "
                              f"levels >= 2 and consistency_steps >= 1; got {levels}, steps {cfg.consistency_steps}")
         self.cfg = cfg
+        self.action_selector: ActionSelector | None = None
+        """When set (by an off-policy learner: EXPO-FT's Q-guided selection), rollouts choose each decision with
+        it instead of sampling the action head; None: the head's own samples (every on-policy recipe)."""
         self.bc_draws = 0  # consistency / CSP BC draws so far: seeds their noise (no global RNG)
         layers, width = [], 3
         for i, out in enumerate(cfg.channels):
@@ -525,6 +535,17 @@ class VLAPolicy(Policy):
             decision = torch.tanh(decision)
         return decision.clamp(-1, 1)
 
+    def stored_decisions(self, executed: Tensor) -> Tensor:
+        """Executed actions [..., chunk·A] in [−1, 1] → decisions as the payload stores them (the inverse of
+        :meth:`executed_decisions` on its range): bins (tokens), atanh of the action clipped to ±(1 − 1e-6)
+        (squashed Gaussian: tanh of it executes the action to float32 precision), the action itself otherwise."""
+        executed = executed.clamp(-1, 1)
+        if self.cfg.action_head == "tokens":
+            return tokenize_actions(executed, self.cfg.bins)
+        if self.cfg.squash == "tanh":
+            return torch.atanh(executed.clamp(-1 + 1e-6, 1 - 1e-6))
+        return executed
+
     # -- sampling --------------------------------------------------------------------------------
     @torch.no_grad()
     def rollout(self, examples: Sequence[Any], group_size: int, sampling: SamplingParams, seed: int,
@@ -542,7 +563,10 @@ class VLAPolicy(Policy):
                 if (t > 0).any():
                     h = self.features(*obs, t, seeds)
                 record = {"timestep": t.cpu().numpy(), "context_seed": seeds.numpy()}
-            decision = self.sample_actions(h, sampling.temperature, generator)
+            if self.action_selector is None:
+                decision = self.sample_actions(h, sampling.temperature, generator)
+            else:
+                decision = self.action_selector(*obs, h, sampling.temperature, generator)
             logp = (torch.zeros(len(decision)) if self.cfg.action_head == "consistency"  # no density: recorded 0
                     else self.action_logprob(h, decision, sampling.temperature)[0])
             if self.cfg.modulates_timestep:
@@ -629,9 +653,16 @@ class VLAPolicy(Policy):
         width = max(x.shape[1] for x in ids)
         ids = torch.cat([F.pad(x, (0, width - x.shape[1])) for x in ids])
         h = self.features(torch.cat(images), torch.cat(proprio), ids, *self.bc_context_levels(len(ids), timestep))
-        target = torch.cat(chunks).to(self.device)
+        return self.imitation_loss(h, torch.cat(chunks).to(self.device))
+
+    def imitation_loss(self, h: Tensor, actions: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        """Behaviour cloning of action chunks ``actions`` [B, chunk·A] (as executed, in [−1, 1]) under features
+        ``h`` [B, hidden]: the mean NLL per action dimension (tokens: of their bins; a squashed head: of their
+        pre-squash values, see :data:`BC_TANH_MARGIN`), or the consistency BC loss (its noise from ``generator``,
+        else seeded as :meth:`consistency_bc_loss` does). What :meth:`sft_loss` and EXPO-FT's base BC minimise."""
         if self.cfg.action_head == "consistency":
-            return self.consistency_bc_loss(h, target.clamp(-1, 1))
+            return self.consistency_bc_loss(h, actions.clamp(-1, 1), generator)
+        target = actions
         if self.cfg.action_head == "tokens":
             target = tokenize_actions(target, self.cfg.bins)
         elif self.cfg.squash == "tanh":  # the pre-squash sample that executes the expert's action

@@ -151,8 +151,7 @@ class WSRL(LossHook):
         self.reward_model: RewardModel | None = None
         self.relabel_error: list[float] = []
         self.folder = Path(ctx.out) / STATE_DIR
-        self.learner = ActorCritic(ctx.policy, critic_settings(self.p, cfg.algo.gamma, self.CHUNKED),
-                                   derive_seed(cfg.trainer.seed, 40))
+        self.learner = self.build_learner()
         self.buffer = TransitionBuffer(self.p.buffer_capacity, cfg.algo.gamma, self.CHUNKED)
         self.steps, self.env_steps, self.saved = 0, 0, []
         self.sums: dict[str, float] = {}
@@ -160,6 +159,12 @@ class WSRL(LossHook):
         self.offline_data: list[Episode] = []
         self.offline_metrics = self.offline_phase()
         self.seed_online_buffer()
+
+    def build_learner(self) -> ActorCritic:
+        """The critic ensemble, its target and α around the run's policy (SAC's :class:`ActorCritic`)."""
+        cfg = self.ctx.cfg
+        return ActorCritic(self.ctx.policy, critic_settings(self.p, cfg.algo.gamma, self.CHUNKED),
+                           derive_seed(cfg.trainer.seed, 40))
 
     def seed_online_buffer(self) -> None:
         """What the online buffer starts with: nothing (WSRL drops the offline data)."""
