@@ -60,7 +60,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from mmrl.core.contracts import ActionSelector, Policy, PolicyOutput
+from mmrl.core.contracts import ActionSelector, Policy, PolicyOutput, TakeoverPlan
 from mmrl.core.rollout import Rollout, SamplingParams, derive_seed
 from mmrl.core.typed import ConfigError
 from mmrl.policies.consistency import ConsistencyHead, NoiseLevels
@@ -200,16 +200,18 @@ def detokenize_actions(tokens: Tensor, bins: int) -> Tensor:
 
 
 def run_episode_groups(policy: Any, examples: Sequence[Any], group_size: int, decide: Any,
-                       record_frames: bool) -> EpisodeBatch:
+                       record_frames: bool, takeover_after: Sequence[int] | None = None) -> EpisodeBatch:
     """Each example's episode ``group_size`` times through ``policy.runner`` (``decide`` picks the actions;
-    ``policy.cfg.chunk`` steps a decision, at most ``policy.cfg.max_decisions``), the policy in eval mode
-    meanwhile. Shared by the env policies (``vla``, ``vla_vlm``)."""
+    ``policy.cfg.chunk`` steps a decision, at most ``policy.cfg.max_decisions``; ``takeover_after``: the scripted
+    expert's takeovers, :meth:`GymRunner.run`), the policy in eval mode meanwhile. Shared by the env policies
+    (``vla``, ``vla_vlm``)."""
     env_ids = [ex.env_id for ex in examples for _ in range(group_size)]
     seeds = [ex.seed for ex in examples for _ in range(group_size)]
     was_training = policy.training
     policy.eval()
     try:
-        return policy.runner.run(env_ids, seeds, decide, policy.cfg.chunk, policy.cfg.max_decisions, record_frames)
+        return policy.runner.run(env_ids, seeds, decide, policy.cfg.chunk, policy.cfg.max_decisions, record_frames,
+                                 takeover_after)
     finally:
         policy.train(was_training)
 
@@ -251,6 +253,7 @@ class VLAPayload:
     chunk_rewards: Tensor | None = None  # [N, T, chunk] float: env rewards inside each decision (off-policy data)
     timesteps: Tensor | None = None  # [N, T] long: TMRL's chosen context level t per decision (0 at padding)
     context_seeds: Tensor | None = None  # [N, T] long: the seed of each decision's context noise ε
+    intervened: Tensor | None = None  # [N, T] float: 1 where the env's scripted expert took the decision
 
     def select(self, index: Tensor) -> VLAPayload:
         def pick(x: Tensor | None) -> Tensor | None:
@@ -258,7 +261,7 @@ class VLAPayload:
 
         return VLAPayload(self.images[index], self.proprio[index], self.instruction_ids[index], self.actions[index],
                           self.mask[index], self.temperature, pick(self.chunk_rewards), pick(self.timesteps),
-                          pick(self.context_seeds))
+                          pick(self.context_seeds), pick(self.intervened))
 
     @classmethod
     def concat(cls, parts: Sequence[VLAPayload]) -> VLAPayload:
@@ -277,7 +280,8 @@ class VLAPayload:
         return cls(torch.cat([pad_t(p.images) for p in parts]), torch.cat([pad_t(p.proprio) for p in parts]),
                    torch.cat([F.pad(p.instruction_ids, (0, l_max - p.instruction_ids.shape[1])) for p in parts]),
                    torch.cat([pad_t(p.actions) for p in parts]), torch.cat([pad_t(p.mask) for p in parts]),
-                   parts[0].temperature, optional("chunk_rewards"), optional("timesteps"), optional("context_seeds"))
+                   parts[0].temperature, optional("chunk_rewards"), optional("timesteps"), optional("context_seeds"),
+                   optional("intervened"))
 
 
 class VLAPolicy(Policy):
@@ -297,6 +301,10 @@ class VLAPolicy(Policy):
         self.action_selector: ActionSelector | None = None
         """When set (by an off-policy learner: EXPO-FT's Q-guided selection), rollouts choose each decision with
         it instead of sampling the action head; None: the head's own samples (every on-policy recipe)."""
+        self.takeover: TakeoverPlan | None = None
+        """When set (by an off-policy learner: EXPO-FT's scripted interventions), the episodes it names are taken
+        over by the env's scripted expert from the decision it gives; the payload stores the expert's decisions
+        there and flags them (``VLAPayload.intervened``). None: the policy acts throughout."""
         self.bc_draws = 0  # consistency / CSP BC draws so far: seeds their noise (no global RNG)
         layers, width = [], 3
         for i, out in enumerate(cfg.channels):
@@ -576,7 +584,9 @@ class VLAPolicy(Policy):
                 record["value"] = self.value(h0).squeeze(-1).float().cpu().numpy()
             return self.env_actions(decision), record
 
-        batch = run_episode_groups(self, examples, group_size, decide, record_frames)
+        takeover = (None if self.takeover is None
+                    else self.takeover(len(examples) * group_size, sampling.temperature, seed))
+        batch = run_episode_groups(self, examples, group_size, decide, record_frames, takeover)
         return self.to_rollout(batch, len(examples), group_size, sampling.temperature)
 
     def to_rollout(self, batch: EpisodeBatch, num_examples: int, group_size: int, temperature: float) -> Rollout:
@@ -589,11 +599,17 @@ class VLAPolicy(Policy):
             timesteps = torch.from_numpy(batch.records["timestep"]).long() * mask.long()
             seeds = torch.from_numpy(batch.records["context_seed"]).long()
             stats["rollout/timestep_mean"] = float((timesteps * mask).sum() / mask.sum().clamp(min=1))
-        payload = VLAPayload(torch.from_numpy(batch.images), torch.from_numpy(batch.proprio), ids,
-                             actions.long() if self.cfg.action_head == "tokens" else actions.float(),
+        actions = actions.long() if self.cfg.action_head == "tokens" else actions.float()
+        intervened = None
+        if batch.intervened is not None:  # the expert's decisions replace the policy's discarded ones
+            intervened = torch.from_numpy(batch.intervened).float()
+            if batch.expert_actions is not None and intervened.any():
+                expert = self.stored_decisions(torch.from_numpy(batch.expert_actions).flatten(2))
+                actions = torch.where(intervened[..., None] > 0, expert.to(actions.dtype), actions)
+        payload = VLAPayload(torch.from_numpy(batch.images), torch.from_numpy(batch.proprio), ids, actions,
                              mask, temperature,
                              None if batch.chunk_rewards is None else torch.from_numpy(batch.chunk_rewards),
-                             timesteps, seeds)
+                             timesteps, seeds, intervened)
         self.last_frames = batch.frames  # videos (scripts/train_vla.py); None unless asked for
         rollout = episode_rollout(batch, num_examples, group_size, payload, self.version, self.value is not None)
         return replace(rollout, stats=stats) if stats else rollout

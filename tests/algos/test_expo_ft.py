@@ -18,6 +18,7 @@ from mmrl.algos.offpolicy.expo_ft import EXPOFTParams
 from mmrl.algos.offpolicy.wsrl import critic_settings
 from mmrl.core.config import ConfigError, load_config
 from mmrl.core.registry import make_task
+from mmrl.core.rollout import SamplingParams
 from mmrl.core.trainer import Trainer, train
 from mmrl.policies.vla import VLAConfig, VLAPolicy
 
@@ -136,6 +137,61 @@ def test_td_target_bootstraps_from_the_selected_next_action():
     assert batch.terminal.sum() < len(batch.terminal)  # some rows bootstrap
 
 
+# -- scripted interventions ----------------------------------------------------------------------------------
+
+def test_runner_takeover_executes_the_scripted_expert_from_the_given_decision():
+    """Episode 0 is taken over from its first decision: its executed actions are exactly the noise-free scripted
+    demonstration's, and it succeeds as the demonstration does; episode 1 (−1) is never taken over and stays
+    where the zero actions leave it; a takeover after decision 2 keeps the policy's first two decisions."""
+    import gymnasium
+
+    from mmrl.samplers.gym_runner import GymRunner
+    from mmrl.tasks.robot.tabletop import demonstrate
+
+    task = make_task("robot/reach-v0", {"image_size": 32})
+    example = task.sample_batch("train", 1, np.random.default_rng(3))[0]
+    runner = GymRunner(3, "sync", {"image_size": 32})
+
+    def decide(images, proprio, instructions):
+        return np.zeros((len(images), 1, 2), dtype=np.float32), {"marker": np.ones(len(images))}
+
+    batch = runner.run([example.env_id] * 3, [example.seed] * 3, decide, chunk=1, max_decisions=30,
+                       takeover_after=[0, -1, 2])
+    demo = demonstrate(gymnasium.make(example.env_id, image_size=32), example.seed, 0.0)
+    steps = len(demo.actions)
+    assert batch.summaries[0].length == steps and batch.summaries[0].success == demo.success
+    assert np.allclose(batch.expert_actions[0, :steps, 0], demo.actions, atol=1e-6)
+    assert batch.intervened[0, :steps].tolist() == [1.0] * steps and not batch.intervened[1].any()
+    assert batch.intervened[2, :2].tolist() == [0.0, 0.0] and batch.intervened[2, 2] == 1.0
+    assert not batch.expert_actions[1].any() and not batch.summaries[1].success
+    plain = runner.run([example.env_id], [example.seed], decide, chunk=1, max_decisions=30)
+    assert plain.intervened is None and plain.summaries[0].length == batch.summaries[1].length
+
+
+def test_interventions_are_stored_flagged_counted_as_real_steps_and_join_the_bc_data(tmp_path):
+    overrides = [*TINY, "trainer.steps=2", "algo.extra.expo_ft.interventions=0.5", "algo.extra.expo_ft.intervention_after=2",
+                 "algo.extra.expo_ft.bc_data=demonstrations"]
+    trainer = Trainer(load_config(RECIPE, overrides), tmp_path / "run")
+    hook = trainer.loss_hooks[0][1]
+    demo_decisions = len(hook.bc_data)
+    rollout = trainer.policy.rollout(trainer.task.sample_batch("train", 8, np.random.default_rng(0)), 1,
+                                     SamplingParams(1.0),
+                                     seed=11)
+    flags = rollout.payload.intervened
+    assert flags is not None and 0 < int((flags.sum(1) > 0).sum()) < 8  # some episodes taken over, not all
+    assert torch.equal(flags[:, :2], torch.zeros(8, 2))  # after the policy's first two decisions
+    taken = flags.sum(1) > 0
+    assert torch.equal(taken, torch.tensor(np.random.default_rng([11, 89]).random(8) < 0.5))
+    trainer.train()
+    rows = rows_of(tmp_path / "run")
+    assert rows[-1]["expo/intervened_decisions"] > 0 and len(hook.bc_data) > demo_decisions
+    assert rows[-1]["eval/real_env_steps"] == rows[-1]["offpolicy/env_steps"] + rows[1]["offline/transitions"]
+    greedy = trainer.policy.rollout(trainer.task.sample_batch("test", 2, np.random.default_rng(0)), 1,
+                                    SamplingParams(0.0),
+                                    seed=11)
+    assert greedy.payload.intervened is None  # evaluations are never taken over
+
+
 # -- recipe-time refusals ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("overrides, message", [
@@ -147,6 +203,7 @@ def test_td_target_bootstraps_from_the_selected_next_action():
     (["algo.extra.expo_ft.num_candidates=0"], "num_candidates must be >= 1"),
     (["algo.extra.expo_ft.backup_entropy=true"], "backup_entropy must be false"),
     (["algo.extra.expo_ft.warmup_steps=1"], "warmup_steps must be 0"),
+    (["algo.extra.expo_ft.interventions=1.5"], r"interventions is a probability per episode, in \[0, 1\]"),
 ])
 def test_bad_settings_are_refused_when_the_recipe_loads(overrides, message):
     with pytest.raises(ConfigError, match=message):
@@ -166,9 +223,11 @@ def rows_of(out):
             for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_expo_ft_acts_through_the_selection_and_resumes_exactly(tmp_path):
+@pytest.mark.parametrize("variant", [[], ["algo.extra.expo_ft.interventions=0.5", "algo.extra.expo_ft.bc_data=demonstrations"]],
+                         ids=["recipe", "interventions"])
+def test_expo_ft_acts_through_the_selection_and_resumes_exactly(tmp_path, variant):
     full = tmp_path / "full"
-    trainer = Trainer(load_config(RECIPE, [*TINY, "trainer.steps=4"]), full)
+    trainer = Trainer(load_config(RECIPE, [*TINY, *variant, "trainer.steps=4"]), full)
     assert trainer.policy.action_selector is trainer.loss_hooks[0][1]
     trainer.train()
     rows = rows_of(full)
@@ -176,8 +235,8 @@ def test_expo_ft_acts_through_the_selection_and_resumes_exactly(tmp_path):
     assert all(0 < r["expo/edited_chosen_frac"] < 1 for r in rows[1:])  # both kinds of candidates get executed
     assert rows[1]["offpolicy/buffer_transitions"] > rows[1]["offpolicy/env_steps"]  # the demonstrations are kept
     part = tmp_path / "part"
-    train(load_config(RECIPE, [*TINY, "trainer.steps=2"]), part)
-    Trainer(load_config(RECIPE, [*TINY, "trainer.steps=4"]), part, resume=True).train()
+    train(load_config(RECIPE, [*TINY, *variant, "trainer.steps=2"]), part)
+    Trainer(load_config(RECIPE, [*TINY, *variant, "trainer.steps=4"]), part, resume=True).train()
 
     def without_eval(row):  # the 2-step run also evaluated at its last step
         return {k: v for k, v in row.items() if not k.startswith("eval/")}
