@@ -195,8 +195,8 @@ def test_interventions_are_stored_flagged_counted_as_real_steps_and_join_the_bc_
 # -- recipe-time refusals ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("overrides, message", [
-    (["policy.args.action_head=tokens"], r"action_head: tokens samples discrete action tokens: algo.offpolicy: "
-                                         r"expo_ft needs continuous actions"),
+    (["policy.args.action_head=tokens"], ("action_head: tokens samples discrete action tokens: algo.offpolicy: "
+                                          "expo_ft needs continuous actions")),
     (["algo.offpolicy=wsrl", "policy.args.action_head=tokens"], "wsrl needs continuous actions"),
     (["algo.extra.expo_ft.cql_alpha=1.0"], "no conservative term"),
     (["algo.extra.expo_ft.edit_scale=0"], r"edit_scale must be in \(0, 2\]"),

@@ -274,6 +274,7 @@ class EXPOFT(CORFT):
         self.step_intervened = [0, 0]  # this step's episodes: [taken over, all]
         super().__init__(ctx)
         self.selections = [0, 0]  # sampled decisions of this step's rollouts: [edited chosen, all]
+        self.edited_frac = 0.0  # the last step's share of edited choices (logged)
         ctx.policy.action_selector = self  # after the offline phase: step 0's evaluation acts through it
         if self.p.interventions > 0:
             ctx.policy.takeover = self.takeovers
