@@ -192,10 +192,12 @@ class AlgoConfig:
     pre-training on demonstrations, warm-up rollouts, online Q-learning without the offline data;
     ``extra.wsrl``), co_rft (CO-RFT, seed #97: chunked TD over whole action chunks, offline on demonstrations,
     then fine-tuning on a buffer that keeps them; ``extra.co_rft``), conrft (ConRFT, seed #90: a consistency-policy
-    actor trained by −η·Q + β·consistency BC, Cal-QL offline then Q-learning online; ``extra.conrft``). Its loss
+    actor trained by −η·Q + β·consistency BC, Cal-QL offline then Q-learning online; ``extra.conrft``), expo_ft
+    (EXPO-FT, seed #89: a bounded edit actor and Q-guided selection over base samples and their edits, for acting
+    and for the TD target, the base VLA trained by BC only; ``extra.expo_ft``). Its loss
     hook stores each step's episodes in a replay buffer and trains a Q ensemble and the policy from it (SAC's
     actor; ConRFT's); use it with ``policy_loss: none``. wsrl / co_rft need a Gaussian action head, conrft the
-    consistency head (``policy.args.action_head: consistency``). None: off."""
+    consistency head (``policy.args.action_head: consistency``), expo_ft either. None: off."""
 
     extra: dict = field(default_factory=dict, hash=False)
     """Hyper-parameters of experimental shaping hooks, by hook name (documented per hook)."""

@@ -24,7 +24,7 @@ from mmrl.algos.config import AlgoConfig
 from mmrl.algos.offpolicy import LEARNERS_WITHOUT_LOGPROB, OFFPOLICY_LEARNERS
 from mmrl.algos.variants import (LOSS_TERMS, PROMPT_SELECTORS, REHEARSAL_DIVERGENCES, ROLLOUT_STRATEGIES,
                                  TEMPERATURE_SCHEDULES, algo_needs, validate_extra)
-from mmrl.core.contracts import LogprobFreeConfig
+from mmrl.core.contracts import DiscreteDecisionConfig, LogprobFreeConfig
 from mmrl.core.paths import recipes_dir
 from mmrl.core.typed import ConfigError, build, to_dict
 
@@ -495,6 +495,11 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         if a.policy_loss != "none":
             problems.append(f"algo.offpolicy: {a.offpolicy} trains the policy with its own actor loss: set "
                             f"algo.policy_loss: none (got {a.policy_loss})")
+        discrete = policy_args.discrete_decisions() if isinstance(policy_args, DiscreteDecisionConfig) else None
+        if discrete is not None:
+            problems.append(f"{discrete}: algo.offpolicy: {a.offpolicy} needs continuous actions (a Q over them, a "
+                            f"reparameterised actor or an action edit); set policy.args.action_head: gaussian (or "
+                            f"consistency)")
     if isinstance(policy_args, LogprobFreeConfig):
         problems += logprob_free_problems(cfg, policy_args.decisions_without_logprob())
     if not 0 <= cfg.rollout.reference_rows < cfg.rollout.group_size:

@@ -256,6 +256,39 @@ class LogprobFreeConfig(Protocol):
     def decisions_without_logprob(self) -> str | None: ...
 
 
+@runtime_checkable
+class DiscreteDecisionConfig(Protocol):
+    """A policy config that may describe a policy whose decisions are discrete (the ``vla`` policy's token head).
+    ``discrete_decisions()`` says why (a sentence naming the key), or None for continuous decisions. The recipe
+    loader refuses an off-policy learner (``algo.offpolicy``) for such a policy: its critic, reparameterised actor
+    and action edits all need continuous actions."""
+
+    def discrete_decisions(self) -> str | None: ...
+
+
+@runtime_checkable
+class ActionSelector(Protocol):
+    """Replaces how a policy chooses its decision from the observation (a learner installs it on a policy that
+    offers ``action_selector``; EXPO-FT's Q-guided selection over base samples and their edits). Called once per
+    decision step of a rollout, training and evaluation alike, with the step's observations, the policy's
+    features ``h`` of them, the rollout's temperature and its generator (every draw from it: seeded rollouts)."""
+
+    def __call__(self, images: Tensor, proprio: Tensor, instruction_ids: Tensor, h: Tensor, temperature: float,
+                 generator: Any) -> Tensor:
+        ...  # [B, H, W, 3] uint8, [B, P], [B, L], [B, F] → decisions [B, D] as the policy's payload stores them
+
+
+@runtime_checkable
+class TakeoverPlan(Protocol):
+    """Which episodes of a rollout the env's scripted expert takes over, and from which decision (a learner installs
+    it on a policy that offers ``takeover``: EXPO-FT's scripted stand-in for human interventions). Called once per
+    rollout with its number of episodes, its temperature and its seed; returns per episode the decision index from
+    which the expert acts (−1: never), or None for no takeover at all (e.g. greedy evaluation)."""
+
+    def __call__(self, episodes: int, temperature: float, seed: int) -> list[int] | None:
+        ...
+
+
 @dataclass
 class PolicyOutput:
     """What a re-scoring forward returns, aligned with ``rollout.mask``."""

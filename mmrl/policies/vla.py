@@ -60,7 +60,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from mmrl.core.contracts import Policy, PolicyOutput
+from mmrl.core.contracts import ActionSelector, Policy, PolicyOutput, TakeoverPlan
 from mmrl.core.rollout import Rollout, SamplingParams, derive_seed
 from mmrl.core.typed import ConfigError
 from mmrl.policies.consistency import ConsistencyHead, NoiseLevels
@@ -152,6 +152,13 @@ class VLAConfig:
             return "policy.args.action_head: consistency samples actions without a log-probability"
         return None
 
+    def discrete_decisions(self) -> str | None:
+        """Why this head's decisions are discrete (the token head), else None: the recipe loader then refuses the
+        off-policy learners (:class:`mmrl.core.contracts.DiscreteDecisionConfig`)."""
+        if self.action_head == "tokens":
+            return "policy.args.action_head: tokens samples discrete action tokens"
+        return None
+
 
 def tanh_log_abs_det(u: Tensor) -> Tensor:
     """log |d tanh(u)/du| = log(1 − tanh²(u)) = 2 (log 2 − u − softplus(−2u)), elementwise and stable for
@@ -193,16 +200,18 @@ def detokenize_actions(tokens: Tensor, bins: int) -> Tensor:
 
 
 def run_episode_groups(policy: Any, examples: Sequence[Any], group_size: int, decide: Any,
-                       record_frames: bool) -> EpisodeBatch:
+                       record_frames: bool, takeover_after: Sequence[int] | None = None) -> EpisodeBatch:
     """Each example's episode ``group_size`` times through ``policy.runner`` (``decide`` picks the actions;
-    ``policy.cfg.chunk`` steps a decision, at most ``policy.cfg.max_decisions``), the policy in eval mode
-    meanwhile. Shared by the env policies (``vla``, ``vla_vlm``)."""
+    ``policy.cfg.chunk`` steps a decision, at most ``policy.cfg.max_decisions``; ``takeover_after``: the scripted
+    expert's takeovers, :meth:`GymRunner.run`), the policy in eval mode meanwhile. Shared by the env policies
+    (``vla``, ``vla_vlm``)."""
     env_ids = [ex.env_id for ex in examples for _ in range(group_size)]
     seeds = [ex.seed for ex in examples for _ in range(group_size)]
     was_training = policy.training
     policy.eval()
     try:
-        return policy.runner.run(env_ids, seeds, decide, policy.cfg.chunk, policy.cfg.max_decisions, record_frames)
+        return policy.runner.run(env_ids, seeds, decide, policy.cfg.chunk, policy.cfg.max_decisions, record_frames,
+                                 takeover_after)
     finally:
         policy.train(was_training)
 
@@ -244,6 +253,7 @@ class VLAPayload:
     chunk_rewards: Tensor | None = None  # [N, T, chunk] float: env rewards inside each decision (off-policy data)
     timesteps: Tensor | None = None  # [N, T] long: TMRL's chosen context level t per decision (0 at padding)
     context_seeds: Tensor | None = None  # [N, T] long: the seed of each decision's context noise ε
+    intervened: Tensor | None = None  # [N, T] float: 1 where the env's scripted expert took the decision
 
     def select(self, index: Tensor) -> VLAPayload:
         def pick(x: Tensor | None) -> Tensor | None:
@@ -251,7 +261,7 @@ class VLAPayload:
 
         return VLAPayload(self.images[index], self.proprio[index], self.instruction_ids[index], self.actions[index],
                           self.mask[index], self.temperature, pick(self.chunk_rewards), pick(self.timesteps),
-                          pick(self.context_seeds))
+                          pick(self.context_seeds), pick(self.intervened))
 
     @classmethod
     def concat(cls, parts: Sequence[VLAPayload]) -> VLAPayload:
@@ -270,7 +280,8 @@ class VLAPayload:
         return cls(torch.cat([pad_t(p.images) for p in parts]), torch.cat([pad_t(p.proprio) for p in parts]),
                    torch.cat([F.pad(p.instruction_ids, (0, l_max - p.instruction_ids.shape[1])) for p in parts]),
                    torch.cat([pad_t(p.actions) for p in parts]), torch.cat([pad_t(p.mask) for p in parts]),
-                   parts[0].temperature, optional("chunk_rewards"), optional("timesteps"), optional("context_seeds"))
+                   parts[0].temperature, optional("chunk_rewards"), optional("timesteps"), optional("context_seeds"),
+                   optional("intervened"))
 
 
 class VLAPolicy(Policy):
@@ -287,6 +298,13 @@ class VLAPolicy(Policy):
             raise ValueError(f"policy.args.consistency_levels needs 0 < sigma_min < sigma_max, sigma_data > 0, "
                              f"levels >= 2 and consistency_steps >= 1; got {levels}, steps {cfg.consistency_steps}")
         self.cfg = cfg
+        self.action_selector: ActionSelector | None = None
+        """When set (by an off-policy learner: EXPO-FT's Q-guided selection), rollouts choose each decision with
+        it instead of sampling the action head; None: the head's own samples (every on-policy recipe)."""
+        self.takeover: TakeoverPlan | None = None
+        """When set (by an off-policy learner: EXPO-FT's scripted interventions), the episodes it names are taken
+        over by the env's scripted expert from the decision it gives; the payload stores the expert's decisions
+        there and flags them (``VLAPayload.intervened``). None: the policy acts throughout."""
         self.bc_draws = 0  # consistency / CSP BC draws so far: seeds their noise (no global RNG)
         layers, width = [], 3
         for i, out in enumerate(cfg.channels):
@@ -525,6 +543,17 @@ class VLAPolicy(Policy):
             decision = torch.tanh(decision)
         return decision.clamp(-1, 1)
 
+    def stored_decisions(self, executed: Tensor) -> Tensor:
+        """Executed actions [..., chunk·A] in [−1, 1] → decisions as the payload stores them (the inverse of
+        :meth:`executed_decisions` on its range): bins (tokens), atanh of the action clipped to ±(1 − 1e-6)
+        (squashed Gaussian: tanh of it executes the action to float32 precision), the action itself otherwise."""
+        executed = executed.clamp(-1, 1)
+        if self.cfg.action_head == "tokens":
+            return tokenize_actions(executed, self.cfg.bins)
+        if self.cfg.squash == "tanh":
+            return torch.atanh(executed.clamp(-1 + 1e-6, 1 - 1e-6))
+        return executed
+
     # -- sampling --------------------------------------------------------------------------------
     @torch.no_grad()
     def rollout(self, examples: Sequence[Any], group_size: int, sampling: SamplingParams, seed: int,
@@ -542,7 +571,10 @@ class VLAPolicy(Policy):
                 if (t > 0).any():
                     h = self.features(*obs, t, seeds)
                 record = {"timestep": t.cpu().numpy(), "context_seed": seeds.numpy()}
-            decision = self.sample_actions(h, sampling.temperature, generator)
+            if self.action_selector is None:
+                decision = self.sample_actions(h, sampling.temperature, generator)
+            else:
+                decision = self.action_selector(*obs, h, sampling.temperature, generator)
             logp = (torch.zeros(len(decision)) if self.cfg.action_head == "consistency"  # no density: recorded 0
                     else self.action_logprob(h, decision, sampling.temperature)[0])
             if self.cfg.modulates_timestep:
@@ -552,7 +584,9 @@ class VLAPolicy(Policy):
                 record["value"] = self.value(h0).squeeze(-1).float().cpu().numpy()
             return self.env_actions(decision), record
 
-        batch = run_episode_groups(self, examples, group_size, decide, record_frames)
+        takeover = (None if self.takeover is None
+                    else self.takeover(len(examples) * group_size, sampling.temperature, seed))
+        batch = run_episode_groups(self, examples, group_size, decide, record_frames, takeover)
         return self.to_rollout(batch, len(examples), group_size, sampling.temperature)
 
     def to_rollout(self, batch: EpisodeBatch, num_examples: int, group_size: int, temperature: float) -> Rollout:
@@ -565,11 +599,17 @@ class VLAPolicy(Policy):
             timesteps = torch.from_numpy(batch.records["timestep"]).long() * mask.long()
             seeds = torch.from_numpy(batch.records["context_seed"]).long()
             stats["rollout/timestep_mean"] = float((timesteps * mask).sum() / mask.sum().clamp(min=1))
-        payload = VLAPayload(torch.from_numpy(batch.images), torch.from_numpy(batch.proprio), ids,
-                             actions.long() if self.cfg.action_head == "tokens" else actions.float(),
+        actions = actions.long() if self.cfg.action_head == "tokens" else actions.float()
+        intervened = None
+        if batch.intervened is not None:  # the expert's decisions replace the policy's discarded ones
+            intervened = torch.from_numpy(batch.intervened).float()
+            if batch.expert_actions is not None and intervened.any():
+                expert = self.stored_decisions(torch.from_numpy(batch.expert_actions).flatten(2))
+                actions = torch.where(intervened[..., None] > 0, expert.to(actions.dtype), actions)
+        payload = VLAPayload(torch.from_numpy(batch.images), torch.from_numpy(batch.proprio), ids, actions,
                              mask, temperature,
                              None if batch.chunk_rewards is None else torch.from_numpy(batch.chunk_rewards),
-                             timesteps, seeds)
+                             timesteps, seeds, intervened)
         self.last_frames = batch.frames  # videos (scripts/train_vla.py); None unless asked for
         rollout = episode_rollout(batch, num_examples, group_size, payload, self.version, self.value is not None)
         return replace(rollout, stats=stats) if stats else rollout
@@ -629,9 +669,16 @@ class VLAPolicy(Policy):
         width = max(x.shape[1] for x in ids)
         ids = torch.cat([F.pad(x, (0, width - x.shape[1])) for x in ids])
         h = self.features(torch.cat(images), torch.cat(proprio), ids, *self.bc_context_levels(len(ids), timestep))
-        target = torch.cat(chunks).to(self.device)
+        return self.imitation_loss(h, torch.cat(chunks).to(self.device))
+
+    def imitation_loss(self, h: Tensor, actions: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        """Behaviour cloning of action chunks ``actions`` [B, chunk·A] (as executed, in [−1, 1]) under features
+        ``h`` [B, hidden]: the mean NLL per action dimension (tokens: of their bins; a squashed head: of their
+        pre-squash values, see :data:`BC_TANH_MARGIN`), or the consistency BC loss (its noise from ``generator``,
+        else seeded as :meth:`consistency_bc_loss` does). What :meth:`sft_loss` and EXPO-FT's base BC minimise."""
         if self.cfg.action_head == "consistency":
-            return self.consistency_bc_loss(h, target.clamp(-1, 1))
+            return self.consistency_bc_loss(h, actions.clamp(-1, 1), generator)
+        target = actions
         if self.cfg.action_head == "tokens":
             target = tokenize_actions(target, self.cfg.bins)
         elif self.cfg.squash == "tanh":  # the pre-squash sample that executes the expert's action

@@ -53,6 +53,9 @@ class EpisodeBatch:
     frames: list[list[np.ndarray]] | None = None  # per episode, every env step's image (videos)
     chunk_rewards: np.ndarray | None = None  # [N, T, chunk] float32: each env step's reward inside the chunk
     # (0 after the episode ended); ``step_rewards`` is its sum over the chunk (chunked TD, CO-RFT)
+    intervened: np.ndarray | None = None  # [N, T] float32: 1 where the env's scripted expert took the decision
+    # (``takeover_after``); None when no takeover was asked
+    expert_actions: np.ndarray | None = None  # [N, T, chunk, A] float32: what the expert executed there (0 elsewhere)
 
 
 # decide(images [B,H,W,3] uint8, proprio [B,P], instructions [B]) -> (actions [B, chunk, A], records {k: [B, ...]})
@@ -103,15 +106,33 @@ class GymRunner:
         self._pool.clear()
 
     def run(self, env_ids: Sequence[str], seeds: Sequence[int], decide: DecideFn, chunk: int,
-            max_decisions: int, record_frames: bool = False) -> EpisodeBatch:
-        """Run one episode per (env id, seed) for at most ``max_decisions`` decisions."""
+            max_decisions: int, record_frames: bool = False,
+            takeover_after: Sequence[int] | None = None) -> EpisodeBatch:
+        """Run one episode per (env id, seed) for at most ``max_decisions`` decisions.
+
+        ``takeover_after[i]`` = k >= 0: from episode i's decision k on (after the policy's first k decisions), the
+        env's scripted expert acts instead (``env.unwrapped.expert_action()``, closed loop at every env step of a
+        chunk; ``decide`` is still called for every row and its actions for those rows are discarded); −1: never.
+        The batch then records ``intervened`` and ``expert_actions``."""
+        if takeover_after is not None and len(takeover_after) != len(env_ids):
+            raise ValueError(f"takeover_after has {len(takeover_after)} entries for {len(env_ids)} episodes")
         parts = [self._run_batch(tuple(env_ids[i:i + self.num_envs]), list(seeds[i:i + self.num_envs]), decide,
-                                 chunk, max_decisions, record_frames)
+                                 chunk, max_decisions, record_frames,
+                                 None if takeover_after is None else np.asarray(takeover_after[i:i + self.num_envs]))
                  for i in range(0, len(env_ids), self.num_envs)]
         return concat_batches(parts)
 
+    @staticmethod
+    def expert_actions(env: VectorEnv, env_ids: tuple[str, ...]) -> np.ndarray:
+        """Every sub-env's scripted expert action now [n, A] (``expert_action()`` of the env)."""
+        try:
+            return np.stack([np.asarray(a, dtype=np.float32) for a in env.call("expert_action")])
+        except AttributeError as err:
+            raise ValueError(f"envs {sorted(set(env_ids))} have no expert_action(): an expert takeover needs a "
+                             f"scripted expert in the env") from err
+
     def _run_batch(self, env_ids: tuple[str, ...], seeds: list[int], decide: DecideFn, chunk: int,
-                   max_decisions: int, record_frames: bool) -> EpisodeBatch:
+                   max_decisions: int, record_frames: bool, takeover: np.ndarray | None = None) -> EpisodeBatch:
         env = self.vector_env(env_ids)
         n = len(env_ids)
         obs, _ = env.reset(seed=[int(s) for s in seeds])
@@ -119,8 +140,9 @@ class GymRunner:
         active = np.ones(n, dtype=bool)
         returns, lengths, success = np.zeros(n), np.zeros(n, dtype=int), np.zeros(n, dtype=bool)
         images, proprio, records, rewards, dones, masks, in_chunk = [], [], [], [], [], [], []
+        intervened, expert_chunks = [], []
         frames = [[obs["image"][i]] for i in range(n)] if record_frames else None
-        for _ in range(max_decisions):
+        for decision in range(max_decisions):
             if not active.any():
                 break
             actions, record = decide(obs["image"], obs["proprio"].astype(np.float32), instructions)
@@ -132,9 +154,18 @@ class GymRunner:
             masks.append(active.astype(np.float32))
             reward, done = np.zeros(n, dtype=np.float32), np.zeros(n, dtype=np.float32)
             per_step = np.zeros((n, chunk), dtype=np.float32)
+            expert_rows = None if takeover is None else (takeover >= 0) & (decision >= takeover) & active
+            if expert_rows is not None:
+                intervened.append(expert_rows.astype(np.float32))
+                expert_chunks.append(np.zeros(actions.shape, dtype=np.float32))
             for k in range(chunk):
                 was_active = active.copy()
-                obs, r, terminated, truncated, info = env.step(actions[:, k])
+                step_actions = actions[:, k]
+                if expert_rows is not None and expert_rows.any():
+                    expert = self.expert_actions(env, env_ids)
+                    step_actions = np.where(expert_rows[:, None], expert, step_actions).astype(actions.dtype)
+                    expert_chunks[-1][:, k] = np.where((expert_rows & was_active)[:, None], expert, 0.0)
+                obs, r, terminated, truncated, info = env.step(step_actions)
                 per_step[:, k] = np.where(was_active, r, 0.0)
                 reward += np.where(was_active, r, 0.0).astype(np.float32)
                 ended = was_active & (terminated | truncated)
@@ -161,7 +192,9 @@ class GymRunner:
             images=stack(images), proprio=stack(proprio), instructions=instructions,
             records={k: stack([r[k] for r in records]) for k in records[0]} if t else {},
             step_rewards=stack(rewards), dones=stack(dones), mask=stack(masks), summaries=summaries, frames=frames,
-            chunk_rewards=stack(in_chunk) if t else np.zeros((n, 0, chunk), dtype=np.float32))
+            chunk_rewards=stack(in_chunk) if t else np.zeros((n, 0, chunk), dtype=np.float32),
+            intervened=None if takeover is None else stack(intervened) if t else np.zeros((n, 0), dtype=np.float32),
+            expert_actions=None if takeover is None or not t else stack(expert_chunks))
 
 
 def concat_batches(parts: Sequence[EpisodeBatch]) -> EpisodeBatch:
@@ -182,4 +215,8 @@ def concat_batches(parts: Sequence[EpisodeBatch]) -> EpisodeBatch:
         summaries=[s for p in parts for s in p.summaries],
         frames=None if parts[0].frames is None else [f for p in parts for f in p.frames],
         chunk_rewards=None if any(p.chunk_rewards is None for p in parts)
-        else np.concatenate([pad(p.chunk_rewards) for p in parts]))
+        else np.concatenate([pad(p.chunk_rewards) for p in parts]),
+        intervened=None if any(p.intervened is None for p in parts)
+        else np.concatenate([pad(p.intervened) for p in parts]),
+        expert_actions=None if any(p.expert_actions is None for p in parts)
+        else np.concatenate([pad(p.expert_actions) for p in parts]))

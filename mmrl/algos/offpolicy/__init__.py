@@ -19,7 +19,9 @@ Pieces shared by the family:
 Learners: ``wsrl`` (WSRL, seed #57: Cal-QL offline → warm-up rollouts → online SAC without offline data);
 ``co_rft`` (CO-RFT, seed #97: chunked TD over whole action chunks, γ per env step, offline on demonstrations,
 then fine-tuning on a buffer that keeps them); ``conrft`` (ConRFT, seed #90: a consistency-policy actor, Cal-QL +
-consistency BC offline, then Q-learning with a decaying BC weight online).
+consistency BC offline, then Q-learning with a decaying BC weight online); ``expo_ft`` (EXPO-FT, seed #89: a
+bounded edit actor on the base VLA's decisions, Q-guided selection over base samples and their edits for acting and
+for the TD target, the base trained by BC only).
 """
 
 from __future__ import annotations
@@ -30,10 +32,11 @@ from mmrl.algos.hooks import LOSS_HOOKS, ROLLOUT_HOOKS, HookContext, HookSpec, L
 from mmrl.algos.offpolicy.buffer import TransitionBuffer, Transitions, chunked_return_to_go, discounted_return_to_go
 from mmrl.algos.offpolicy.co_rft import CORFT, CORFTParams
 from mmrl.algos.offpolicy.conrft import ConRFT, ConRFTParams
+from mmrl.algos.offpolicy.expo_ft import EXPOFT, EXPOFTParams, EditActor, OnTheFlyCritic
 from mmrl.algos.offpolicy.episodes import (Episode, episode_from_demonstration, episodes_from_rollout, read_episodes,
                                            write_episodes)
-from mmrl.algos.offpolicy.formulas import (actor_loss, calql_penalty, chunk_td_target, polyak_update, td_target,
-                                           temperature_loss)
+from mmrl.algos.offpolicy.formulas import (actor_loss, calql_penalty, chunk_td_target, polyak_update, q_guided_choice,
+                                           tanh_gaussian_logprob, td_target, temperature_loss)
 from mmrl.algos.offpolicy.learner import ActorCritic, ContinuousActor, CriticSettings
 from mmrl.algos.offpolicy.episode_log import EpisodeLog, read_logged_episodes
 from mmrl.algos.offpolicy.wsrl import WSRL, WSRLParams
@@ -43,15 +46,18 @@ OFFPOLICY_LEARNERS: Registry[Callable[[HookContext], LossHook]] = Registry("off-
 OFFPOLICY_LEARNERS.register("wsrl", WSRL)
 OFFPOLICY_LEARNERS.register("co_rft", CORFT)
 OFFPOLICY_LEARNERS.register("conrft", ConRFT)
-LEARNERS_WITHOUT_LOGPROB = frozenset({"conrft"})
-"""Learners whose actor needs no log π (a deterministic actor such as the consistency head): the only ones a
-policy without log-probabilities may train with (checked when the recipe is loaded)."""
+OFFPOLICY_LEARNERS.register("expo_ft", EXPOFT)
+LEARNERS_WITHOUT_LOGPROB = frozenset({"conrft", "expo_ft"})
+"""Learners that need no log π of the run's policy (a deterministic actor such as the consistency head; EXPO-FT's
+base, trained by BC only, whose edit actor has a density of its own): the only ones a policy without
+log-probabilities may train with (checked when the recipe is loaded)."""
 
 LOSS_HOOKS.register("offpolicy", HookSpec(lambda cfg: cfg.algo.offpolicy is not None,
                                           lambda ctx: OFFPOLICY_LEARNERS.get(ctx.cfg.algo.offpolicy)(ctx)))
 ROLLOUT_HOOKS.register("episode_log", HookSpec(lambda cfg: cfg.rollout.log_episodes, EpisodeLog))
 
-__all__ = ["OFFPOLICY_LEARNERS", "LEARNERS_WITHOUT_LOGPROB", "CORFT", "ConRFT", "ConRFTParams", "WSRL", "ActorCritic", "CORFTParams", "ContinuousActor", "CriticSettings", "Episode", "EpisodeLog",
+__all__ = ["OFFPOLICY_LEARNERS", "LEARNERS_WITHOUT_LOGPROB", "CORFT", "EXPOFT", "EXPOFTParams", "EditActor",
+           "OnTheFlyCritic", "q_guided_choice", "tanh_gaussian_logprob", "ConRFT", "ConRFTParams", "WSRL", "ActorCritic", "CORFTParams", "ContinuousActor", "CriticSettings", "Episode", "EpisodeLog",
            "TransitionBuffer", "Transitions", "WSRLParams", "actor_loss", "calql_penalty", "chunk_td_target", "chunked_return_to_go", "discounted_return_to_go",
            "episode_from_demonstration", "episodes_from_rollout", "polyak_update", "read_episodes",
            "read_logged_episodes", "td_target", "temperature_loss", "write_episodes"]

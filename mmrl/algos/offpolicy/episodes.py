@@ -10,6 +10,8 @@ policy's *decisions* (one decision = one action chunk of ``chunk`` env steps):
 - ``chunk_rewards`` [T, c] float32 (optional): each env step's reward inside the decision's chunk of c
   steps, 0 after the episode ended (their row sums are ``rewards``); what chunked TD (CO-RFT) discounts
   step by step. Absent (data of format 1): the chunk is treated as one step, ``rewards[:, None]``;
+- ``intervened`` [T] bool (optional, not written to files): decisions a scripted expert took over during the
+  rollout (EXPO-FT's interventions); their ``actions`` are the expert's;
 - ``terminal``: the episode ended by reaching its goal, so nothing is bootstrapped after the last decision.
   A non-terminal episode was cut by a time limit: its last observation has no recorded successor, so its
   last decision is an observation only, not a transition (bootstrapping at time limits, Pardo et al. 2018).
@@ -61,6 +63,7 @@ class Episode:
     rewards: np.ndarray  # [T] float32
     terminal: bool
     chunk_rewards: np.ndarray | None = None  # [T, c] float32, rows summing to ``rewards``
+    intervened: np.ndarray | None = None  # [T] bool: the env's scripted expert took these decisions (a takeover)
 
     @property
     def length(self) -> int:
@@ -148,6 +151,7 @@ def episodes_from_rollout(rollout: Any, executed: Callable[[Tensor], Tensor] = c
     if rollout.step_rewards is None:
         raise ValueError("episodes need per-decision rewards: the rollout has no step_rewards (not an env rollout)")
     in_chunk = getattr(payload, "chunk_rewards", None)
+    intervened = getattr(payload, "intervened", None)
     episodes = []
     for row in range(rollout.num_rows):
         t = int(rollout.mask[row].sum())
@@ -155,7 +159,8 @@ def episodes_from_rollout(rollout: Any, executed: Callable[[Tensor], Tensor] = c
                                 payload.instruction_ids[row].long().numpy(),
                                 executed(payload.actions[row, :t].float()).clamp(-1, 1).numpy(),
                                 rollout.step_rewards[row, :t].float().numpy(), bool(rollout.outputs[row].success),
-                                None if in_chunk is None else in_chunk[row, :t].float().numpy()))
+                                None if in_chunk is None else in_chunk[row, :t].float().numpy(),
+                                None if intervened is None else intervened[row, :t].numpy() > 0))
     return episodes
 
 

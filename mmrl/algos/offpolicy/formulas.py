@@ -132,3 +132,35 @@ def polyak_update(target: nn.Module, source: nn.Module, tau: float) -> None:
     for t, s in zip(target.buffers(), source.buffers(), strict=True):
         if t.is_floating_point():
             t.lerp_(s, tau)
+
+
+def tanh_gaussian_logprob(u: Tensor, mean: Tensor, log_std: Tensor) -> Tensor:
+    """log density of e = tanh(u), u ~ N(mean, exp(log_std)²) per dimension, summed over the last axis
+    (Haarnoja et al. 2018, app. C, eq. 21; log(1 − tanh² u) in the stable form 2(log 2 − u − softplus(−2u)) of
+    SAC's reference code): [B, D] → [B].
+
+    >>> round(tanh_gaussian_logprob(torch.tensor([[0.0]]), torch.tensor([[0.0]]), torch.tensor([[0.0]])).item(), 6)
+    -0.918939
+    """
+    z = (u - mean) / log_std.exp()
+    gaussian = (-0.5 * z ** 2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+    return gaussian - (2.0 * (math.log(2.0) - u - torch.nn.functional.softplus(-2.0 * u))).sum(-1)
+
+
+def q_guided_choice(candidates: Tensor, q: Tensor, reduce: str = "min") -> tuple[Tensor, Tensor]:
+    """EXPO's on-the-fly policy (Dong et al. 2025, "EXPO", the argmax over base and edited actions; EXPO-FT's
+    Q-guided sampling over action chunks): of K candidate decisions per state, the one whose ensemble value
+    (``reduce``: min or mean over the E members) is largest, the first on ties.
+
+    ``candidates``: [B, K, D]; ``q``: [E, B, K] their values. → chosen [B, D], index [B] long.
+
+    >>> chosen, index = q_guided_choice(torch.tensor([[[0.25], [0.5], [-0.75]]]), torch.tensor([[[1.0, 3.0, 2.0]],
+    ...                                 [[1.0, 0.0, 2.0]]]))
+    >>> chosen.tolist(), index.tolist()
+    ([[-0.75]], [2])
+    """
+    if reduce not in ("min", "mean"):
+        raise ValueError(f"selection Q reduction must be 'min' or 'mean', got {reduce!r}")
+    value = q.min(dim=0).values if reduce == "min" else q.mean(dim=0)  # [B, K]
+    index = value.argmax(dim=1)
+    return candidates[torch.arange(len(index), device=candidates.device), index], index

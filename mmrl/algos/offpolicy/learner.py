@@ -160,7 +160,7 @@ class ActorCritic:
         policy's features of s'."""
         s, policy = self.s, self.policy
         h_next = policy.features(batch.next_images, batch.next_proprio, batch.instruction_ids)
-        a_next, logp_next = policy.rsample_actions(h_next, generator)
+        a_next, logp_next = self.next_actions(batch, h_next, generator)
         members = torch.randperm(s.ensemble_size, generator=generator)[:s.target_subset]
         next_features = self.target.features(batch.next_images, batch.next_proprio, batch.instruction_ids)
         next_q = self.target.q(next_features, a_next)[members]  # [M, B]
@@ -170,6 +170,11 @@ class ActorCritic:
         if s.chunked:
             return chunk_td_target(batch.chunk_rewards, batch.terminal, next_q, logp_next, s.gamma, alpha), h_next
         return td_target(batch.rewards, batch.terminal, next_q, logp_next, s.gamma, alpha), h_next
+
+    def next_actions(self, batch: Transitions, h_next: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor | None]:
+        """The TD target's a' [B, D] at the batch's successor states and log π(a'|s') [B] (None: no density):
+        a' ~ π(·|s') from the policy's features ``h_next`` (EXPO-FT's learner selects it instead)."""
+        return self.policy.rsample_actions(h_next, generator)
 
     @torch.no_grad()
     def data_values(self, batch: Transitions) -> Tensor:

@@ -151,8 +151,7 @@ class WSRL(LossHook):
         self.reward_model: RewardModel | None = None
         self.relabel_error: list[float] = []
         self.folder = Path(ctx.out) / STATE_DIR
-        self.learner = ActorCritic(ctx.policy, critic_settings(self.p, cfg.algo.gamma, self.CHUNKED),
-                                   derive_seed(cfg.trainer.seed, 40))
+        self.learner = self.build_learner()
         self.buffer = TransitionBuffer(self.p.buffer_capacity, cfg.algo.gamma, self.CHUNKED)
         self.steps, self.env_steps, self.saved = 0, 0, []
         self.sums: dict[str, float] = {}
@@ -160,6 +159,12 @@ class WSRL(LossHook):
         self.offline_data: list[Episode] = []
         self.offline_metrics = self.offline_phase()
         self.seed_online_buffer()
+
+    def build_learner(self) -> ActorCritic:
+        """The critic ensemble, its target and α around the run's policy (SAC's :class:`ActorCritic`)."""
+        cfg = self.ctx.cfg
+        return ActorCritic(self.ctx.policy, critic_settings(self.p, cfg.algo.gamma, self.CHUNKED),
+                           derive_seed(cfg.trainer.seed, 40))
 
     def seed_online_buffer(self) -> None:
         """What the online buffer starts with: nothing (WSRL drops the offline data)."""
@@ -269,9 +274,13 @@ class WSRL(LossHook):
             if self.reward_model is not None:  # PRFT: store the predicted rewards, not the env's
                 episode, error = relabel(self.reward_model, episode)
                 self.relabel_error.append(error)
-            self.buffer.add(episode)
+            self.store(episode)
         self.env_steps += sum(int(o.length) for o in batch.rollout.outputs)
         self.sums, self.count = {}, 0
+
+    def store(self, episode: Episode) -> None:
+        """Keep one of the step's episodes: into the online buffer."""
+        self.buffer.add(episode)
 
     def update_term(self, index: UpdateIndex) -> tuple[torch.Tensor, dict[str, float]] | None:
         if self.steps <= self.p.warmup_steps:
@@ -300,7 +309,7 @@ class WSRL(LossHook):
     def state_dict(self) -> dict[str, Any]:
         name = f"state_step_{self.steps}.pt"
         save_atomic({"learner": self.learner.state_dict(), "buffer": self.buffer.state_dict(),
-                     "counters": torch.tensor([self.steps, self.env_steps])}, self.folder / name)
+                     "counters": torch.tensor([self.steps, self.env_steps]), **self.extra_state()}, self.folder / name)
         self.saved = [n for n in self.saved if n != name] + [name]
         keep = self.ctx.cfg.checkpoint.keep_last
         while keep > 0 and len(self.saved) > keep:
@@ -316,6 +325,14 @@ class WSRL(LossHook):
         self.buffer.load_state_dict(saved["buffer"])
         self.steps, self.env_steps = (int(x) for x in saved["counters"])
         self.saved = list(state["saved"])
+        self.load_extra_state(saved)
+
+    def extra_state(self) -> dict[str, Any]:
+        """More tensors a subclass keeps in each state file (``torch.save``-able with ``weights_only``)."""
+        return {}
+
+    def load_extra_state(self, saved: dict[str, Any]) -> None:
+        """Restore :meth:`extra_state` from a state file."""
 
 
 def save_atomic(obj: Any, path: Path) -> None:
