@@ -110,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
         "sample", help="PNG grid from a diffusion run or pipeline; --rlg-weight w for RL guidance"))
 
     sweep = sub.add_parser("sweep", help="train algorithm variants side by side over seeds; table + plot in --out")
-    sweep.add_argument("recipe", help="base recipe YAML path or name")
+    sweep.add_argument("recipe", help="base recipe YAML path or name, or a sweep file (configs/sweeps/*.yaml)")
     sweep.add_argument("overrides", nargs="*", help="algo=<arm>,<arm> seeds=0,1,2 and dotted overrides for every run")
     sweep.add_argument("--out", required=True, help="sweep folder (runs/, sweep.md, sweep.json, sweep.png)")
     sweep.add_argument("--pass-k", type=int, default=8, help="k of the held-out pass@k (0: off; default 8)")
@@ -283,6 +283,7 @@ def list_components() -> str:
     from mmrl.algos.hooks import LOSS_HOOKS, ROLLOUT_HOOKS
     from mmrl.algos.variants import LOSS_TERMS, PROMPT_SELECTORS, REHEARSAL_DIVERGENCES, ROLLOUT_STRATEGIES
     from mmrl.core.config import list_recipes
+    from mmrl.core.paths import recipes_dir
     from mmrl.experiments.extrapolate import METHODS as EXTRAPOLATION_METHODS
     from mmrl.core.registry import POLICIES, TASKS, load_plugins
     from mmrl.experiments.sweep import SWEEP_ARMS
@@ -300,6 +301,8 @@ def list_components() -> str:
                 ("extrapolation", [f"{m}  (mmrl extrapolate --method {m})" for m in EXTRAPOLATION_METHODS]
                  + ["logits  (mmrl eval --extrapolate-logits ALPHA --base BASE)"]),
                 ("sweep arms", SWEEP_ARMS.names()),
+                ("sweep files  (mmrl sweep NAME --out DIR)",
+                 sorted(f"sweeps/{p.stem}" for p in (recipes_dir() / "sweeps").glob("*.yaml"))),
                 ("recipes", list_recipes())]
     return "\n".join(f"{title}:\n" + ("\n".join(f"  {n}" for n in names) or "  (none yet)")
                      for title, names in sections)
@@ -386,10 +389,11 @@ def dispatch(args: argparse.Namespace) -> None:
         print(run_sample(args))
     elif args.command == "sweep":
         from mmrl.core.registry import import_plugins
-        from mmrl.experiments.sweep import parse_sweep_arguments, run_sweep
+        from mmrl.experiments.sweep import resolve_sweep, run_sweep
 
         import_plugins(args.imports, "--import")
-        table = run_sweep(args.recipe, parse_sweep_arguments(args.overrides), args.out, args.pass_k, args.imports)
+        recipe, spec = resolve_sweep(args.recipe, args.overrides)
+        table = run_sweep(recipe, spec, args.out, args.pass_k, args.imports)
         print(table.read_text())
     elif args.command == "plan":
         from mmrl.core.registry import import_plugins

@@ -12,7 +12,8 @@ import torch
 
 from mmrl.cli import main
 from mmrl.core.config import ConfigError
-from mmrl.experiments.sweep import SWEEP_ARMS, mean_std, parse_sweep_arguments
+from mmrl.core.paths import recipes_dir
+from mmrl.experiments.sweep import SWEEP_ARMS, mean_std, parse_sweep_arguments, resolve_sweep
 from mmrl.core.evaluate import pass_at_k
 
 TINY = ["trainer.steps=2", "eval.every=0", "eval.num_examples=8", "rollout.prompts_per_step=8", "rollout.group_size=4",
@@ -74,3 +75,51 @@ def test_every_arm_builds_a_valid_config():
 
     for arm in SWEEP_ARMS.names():
         load_config("sanity/tiny_cpu", list(SWEEP_ARMS.get(arm).overrides))
+
+
+def write_sweep_file(tmp_path, body: str):
+    path = tmp_path / "s.yaml"
+    path.write_text(body)
+    return str(path)
+
+
+def test_a_sweep_file_holds_the_command_and_the_command_line_refines_it(tmp_path, capsys):
+    path = write_sweep_file(tmp_path, "sweep:\n  recipe: sanity/tiny_cpu\n  arms: [grpo, f_grpo]\n  seeds: [0, 1]\n"
+                                      f"  overrides: {TINY!r}\n  arm_overrides:\n    f_grpo: [trainer.lr=1.0e-4]\n")
+    recipe, spec = resolve_sweep(path, [])
+    assert recipe == "sanity/tiny_cpu" and spec.arms == ("grpo", "f_grpo") and spec.seeds == (0, 1)
+    assert spec.overrides == tuple(TINY) and spec.overrides_of("f_grpo") == ("trainer.lr=1.0e-4",)
+    assert spec.overrides_of("grpo") == ()
+    # algo= / seeds= on the command line replace the file's; other overrides come after its own
+    _, spec = resolve_sweep(path, ["algo=f_grpo", "seeds=0", "trainer.steps=1"])
+    assert spec.arms == ("f_grpo",) and spec.seeds == (0,) and spec.overrides == (*TINY, "trainer.steps=1")
+    # a recipe is still a recipe
+    assert resolve_sweep("sanity/tiny_cpu", ["algo=grpo", "seeds=3"])[1].seeds == (3,)
+    out = tmp_path / "out"
+    assert main(["sweep", path, "algo=f_grpo", "seeds=0", "trainer.steps=1", "--out", str(out), "--pass-k", "0"]) == 0
+    config = (out / "runs" / "f_grpo" / "seed_0" / "config.yaml").read_text()
+    assert "lr: 0.0001" in config and "steps: 1" in config  # the arm's own override reached its run
+    assert "Only `f_grpo`: `trainer.lr=1.0e-4`" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("body, message", [
+    ("sweep:\n  recipe: sanity/tiny_cpu\n  arms: [grpo]\n  seeds: [0]\n  seed: [1]\n", "unknown sweep key.*seed"),
+    ("sweep:\n  arms: [grpo]\n  seeds: [0]\n", "sweep.recipe"),
+    ("sweep:\n  recipe: sanity/tiny_cpu\n  arms: grpo\n  seeds: [0]\n", "sweep.arms must be a list"),
+    ("sweep:\n  recipe: sanity/tiny_cpu\n  arms: [grpo, nope]\n  seeds: [0]\n", "unknown sweep arm 'nope'"),
+    ("sweep:\n  recipe: sanity/tiny_cpu\n  arms: [grpo]\n  seeds: [0]\n  arm_overrides: [x]\n", "arm_overrides must map"),
+    ("sweep: [grpo]\n", "'sweep' must be a mapping"),
+])
+def test_bad_sweep_files_are_user_errors(tmp_path, body, message):
+    with pytest.raises(ConfigError, match=message):
+        resolve_sweep(write_sweep_file(tmp_path, body), [])
+
+
+@pytest.mark.parametrize("name", sorted(f"sweeps/{p.stem}" for p in (recipes_dir() / "sweeps").glob("*.yaml")))
+def test_every_shipped_sweep_file_builds_a_valid_config_per_arm(name):
+    from mmrl.core.config import load_config
+
+    recipe, spec = resolve_sweep(name, [])
+    assert len(spec.arms) >= 10 and spec.seeds == (0, 1, 2)
+    for arm in spec.arms:
+        load_config(recipe, [*spec.overrides, *SWEEP_ARMS.get(arm).overrides, *spec.overrides_of(arm)])

@@ -366,7 +366,7 @@ def range_problems(cfg: TrainConfig) -> list[str]:
 def list_recipes() -> list[str]:
     root = recipes_dir()
     return sorted(str(p.relative_to(root).with_suffix("")) for p in root.glob("*/*.yaml")
-                  if p.parent.name != "accelerate")
+                  if p.parent.name not in ("accelerate", "sweeps"))
 
 
 def resolve_recipe(recipe: str) -> Path:

@@ -1,12 +1,15 @@
 """``mmrl sweep``: run algorithm variants side by side over seeds and tabulate held-out results.
 
     mmrl sweep sanity/tiny_cpu algo=grpo,f_grpo,w_reinforce seeds=0,1,2 --out runs/sweep trainer.steps=60
+    mmrl sweep sweeps/seed_methods_vqa --out runs/vqa            # a sweep file (configs/sweeps/)
 
 Each *arm* is a named list of recipe overrides (:data:`SWEEP_ARMS`, e.g. ``f_grpo`` adds the
 ``f_grpo`` shaping hook); every (arm, seed) pair is one ordinary training run in
 ``OUT/runs/<arm>/seed_<s>`` (trainer.seed = s; the supervised warm start, seeded by
 ``warm_start.seed``, is shared by all runs, so seeds vary the RL phase only). Extra ``a.b=c``
-overrides apply to every run. A run whose folder already holds a finished run is reused, so an
+overrides apply to every run. A *sweep file* (``configs/sweeps/*.yaml``: one ``sweep:`` mapping of ``recipe``,
+``arms``, ``seeds``, ``overrides`` and per-arm ``arm_overrides``) keeps a table's whole command; ``algo=`` /
+``seeds=`` on the command line replace the file's, other overrides follow its own. A run whose folder already holds a finished run is reused, so an
 interrupted sweep continues where it stopped.
 
 Outputs: ``OUT/sweep.md`` (table: mean ± sample std over seeds of the final held-out reward, exact
@@ -17,6 +20,7 @@ mean ± std band over seeds, and final pass@k bars).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -167,6 +171,60 @@ class SweepSpec:
     arms: tuple[str, ...]
     seeds: tuple[int, ...]
     overrides: tuple[str, ...]
+    arm_overrides: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """Extra overrides of single arms (after the common ones), e.g. the teacher folder ``direct_opd`` needs."""
+
+    def overrides_of(self, arm: str) -> tuple[str, ...]:
+        return dict(self.arm_overrides).get(arm, ())
+
+
+SWEEP_FILE_KEYS = ("recipe", "arms", "seeds", "overrides", "arm_overrides")
+
+
+def sweep_file(target: str) -> Path | None:
+    """The sweep file ``target`` names (a path, or a name under the recipes folder such as
+    ``sweeps/seed_methods_vqa``), or None when it is not one (a recipe)."""
+    from mmrl.core.config import load_yaml
+    from mmrl.core.paths import recipes_dir
+
+    name = target.removesuffix(".yaml").removeprefix("configs/")
+    for path in (Path(target), recipes_dir() / f"{name}.yaml"):
+        if path.is_file():
+            return path if "sweep" in load_yaml(path) else None
+    return None
+
+
+def resolve_sweep(target: str, items: list[str]) -> tuple[str, SweepSpec]:
+    """``mmrl sweep``'s arguments → (base recipe, spec): ``target`` is a recipe (``items`` give ``algo=``,
+    ``seeds=`` and overrides) or a sweep file (``items`` replace its arms / seeds and add overrides)."""
+    from mmrl.core.config import load_yaml
+
+    path = sweep_file(target)
+    if path is None:
+        return target, parse_sweep_arguments(items)
+    data = load_yaml(path)["sweep"]
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: 'sweep' must be a mapping of {', '.join(SWEEP_FILE_KEYS)}")
+    unknown = sorted(set(data) - set(SWEEP_FILE_KEYS))
+    if unknown:
+        raise ConfigError(f"{path}: unknown sweep key(s) {', '.join(unknown)}; keys: {', '.join(SWEEP_FILE_KEYS)}")
+
+    def strings(key: str, value: object) -> list[str]:
+        if not isinstance(value, list) or not all(isinstance(v, (str, int)) and not isinstance(v, bool)
+                                                  for v in value):
+            raise ConfigError(f"{path}: sweep.{key} must be a list of strings, got {value!r}")
+        return [str(v) for v in value]
+
+    if not isinstance(data.get("recipe"), str):
+        raise ConfigError(f"{path}: sweep.recipe must name the base recipe (a path or a name like data/tiny_cpu)")
+    head = [f"algo={','.join(strings('arms', data.get('arms', [])))}",
+            f"seeds={','.join(strings('seeds', data.get('seeds', [])))}"]
+    spec = parse_sweep_arguments([*head, *strings("overrides", data.get("overrides", [])), *items])
+    per_arm = data.get("arm_overrides", {})
+    if not isinstance(per_arm, dict):
+        raise ConfigError(f"{path}: sweep.arm_overrides must map arm names to lists of overrides")
+    arm_overrides = tuple((str(arm), tuple(strings(f"arm_overrides.{arm}", extra))) for arm, extra in per_arm.items())
+    return data["recipe"], dataclasses.replace(spec, arm_overrides=arm_overrides)
 
 
 def parse_sweep_arguments(items: list[str]) -> SweepSpec:
@@ -216,8 +274,8 @@ def run_sweep(recipe: str, spec: SweepSpec, out: str | Path, pass_k: int, import
     transformers.utils.logging.disable_progress_bar()
     out = Path(out)
     common = [*spec.overrides, f"eval.pass_k={pass_k}", "log.progress=false"]
-    configs = {(arm, seed): load_config(recipe, [*common, *SWEEP_ARMS.get(arm).overrides, f"trainer.seed={seed}"],
-                                        imports)
+    configs = {(arm, seed): load_config(recipe, [*common, *SWEEP_ARMS.get(arm).overrides, *spec.overrides_of(arm),
+                                                 f"trainer.seed={seed}"], imports)
                for arm in spec.arms for seed in spec.seeds}  # every config is validated before any training
     seconds: dict[tuple[str, int], float] = {}
     for (arm, seed), cfg in configs.items():
@@ -291,7 +349,9 @@ def format_table(results: dict, recipe: str, spec: SweepSpec) -> str:
         seconds = mean_std([r["step_seconds"] for r in runs])[0]
         lines.append(f"| {arm} | " + " | ".join(f"{m:.3f} ± {s:.3f}" for m, s in cells)
                      + f" | {generated:.0f} | {trained:.0f} | {seconds:.2f} |")
-    lines += ["", "Arms: " + "; ".join(describe_arm(a) for a in results["arms"]), ""]
+    lines += ["", "Arms: " + "; ".join(describe_arm(a) for a in results["arms"])]
+    lines += [f"Only `{arm}`: `{' '.join(extra)}`" for arm, extra in spec.arm_overrides if arm in results["arms"]]
+    lines.append("")
     return "\n".join(lines)
 
 
