@@ -281,9 +281,10 @@ class ActionSelector(Protocol):
 @runtime_checkable
 class TakeoverPlan(Protocol):
     """Which episodes of a rollout the env's scripted expert takes over, and from which decision (a learner installs
-    it on a policy that offers ``takeover``: EXPO-FT's scripted stand-in for human interventions). Called once per
-    rollout with its number of episodes, its temperature and its seed; returns per episode the decision index from
-    which the expert acts (−1: never), or None for no takeover at all (e.g. greedy evaluation)."""
+    it on a policy that offers ``takeover``: EXPO-FT's and ConRFT's scripted stand-in for human interventions,
+    :mod:`mmrl.algos.offpolicy.interventions`). Called once per rollout with its number of episodes, its
+    temperature and its seed; returns per episode the decision index from which the expert acts (−1: never), or
+    None for no takeover at all (e.g. greedy evaluation)."""
 
     def __call__(self, episodes: int, temperature: float, seed: int) -> list[int] | None:
         ...

@@ -1,7 +1,9 @@
 """ConRFT (seed #90): the consistency action head (golden scalings, noise levels and BC loss; the boundary
 condition f(x, σ_min) = x; seeded, differentiable sampling), Cal-QL's term for a deterministic actor, the
 recipe-time refusals of everything that needs log π, the learner through the trainer (exact resume, 4 steps
-against 2 + 2) and a learning check of the offline phase."""
+against 2 + 2, with and without scripted interventions), the scripted interventions (every training episode taken
+over at p = 1, never an evaluation; the corrections reach the BC data; p = 0 leaves the learner as it was) and a
+learning check of the offline phase."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import torch
 
 from mmrl.algos.offpolicy import calql_penalty
 from mmrl.core.config import ConfigError, load_config
+from mmrl.core.rollout import SamplingParams
 from mmrl.core.trainer import Trainer, train
 from mmrl.policies.consistency import (ConsistencyHead, NoiseLevels, boundary_scalings, consistency_bc_loss,
                                        karras_sigmas, karras_weight, sampling_sigmas)
@@ -145,17 +148,23 @@ def rows_of(out):
             for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_conrft_learns_online_with_a_decaying_bc_weight_and_resumes_exactly(tmp_path):
+@pytest.mark.parametrize("variant", [[], ["algo.extra.conrft.interventions=0.5",
+                                          "algo.extra.conrft.intervention_after=2",
+                                          "algo.extra.conrft.buffer_capacity=1000"]],
+                         ids=["recipe", "interventions"])
+def test_conrft_learns_online_with_a_decaying_bc_weight_and_resumes_exactly(tmp_path, variant):
     full = tmp_path / "full"
-    train(load_config(RECIPE, [*TINY, "trainer.steps=4"]), full)
+    train(load_config(RECIPE, [*TINY, *variant, "trainer.steps=4"]), full)
     rows = rows_of(full)
     assert "offline/critic_cql" in rows[1] and rows[1]["offline/bc_weight"] == 1.0
     assert rows[1]["offpolicy/online"] == 1.0 and rows[1]["policy/grad_norm"] > 0  # no warm-up
     assert [r["conrft/bc_weight"] for r in rows[1:]] == pytest.approx([0.5, 0.4, 0.3, 0.2])
     assert "critic/cql_logsumexp" not in rows[1]  # online: plain Q-learning
+    if variant:  # the resumed half must restore a count and BC data that grew in the first half
+        assert 0 < rows[2]["conrft/intervened_decisions"] < rows[4]["conrft/intervened_decisions"]
     part = tmp_path / "part"
-    train(load_config(RECIPE, [*TINY, "trainer.steps=2"]), part)
-    Trainer(load_config(RECIPE, [*TINY, "trainer.steps=4"]), part, resume=True).train()
+    train(load_config(RECIPE, [*TINY, *variant, "trainer.steps=2"]), part)
+    Trainer(load_config(RECIPE, [*TINY, *variant, "trainer.steps=4"]), part, resume=True).train()
     resumed = rows_of(part)
 
     def without_eval(r):
@@ -167,6 +176,67 @@ def test_conrft_learns_online_with_a_decaying_bc_weight_and_resumes_exactly(tmp_
             for run in (full, part))
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
 
+
+
+# -- scripted interventions (the stand-in for ConRFT's human interventions) ----------------------------------
+
+HIL = ["algo.extra.conrft.interventions=1.0", "algo.extra.conrft.intervention_after=2",
+       "algo.extra.conrft.buffer_capacity=1000"]
+
+
+def test_interventions_take_over_every_training_episode_after_k_decisions_and_never_an_evaluation(tmp_path):
+    trainer = Trainer(load_config(RECIPE, [*TINY, *HIL]), tmp_path / "run")
+    examples = trainer.task.sample_batch("train", 6, np.random.default_rng(0))
+    rollout = trainer.policy.rollout(examples, 1, SamplingParams(1.0), seed=5)
+    flags, lengths = rollout.payload.intervened, rollout.mask.sum(1).long()
+    assert flags is not None and bool((lengths > 2).all())
+    for row, length in enumerate(lengths.tolist()):  # the policy's first two decisions, then the expert's to the end
+        assert flags[row, :length].tolist() == [0.0, 0.0] + [1.0] * (length - 2)
+    greedy = trainer.policy.rollout(examples, 1, SamplingParams(0.0), seed=5)
+    assert greedy.payload.intervened is None
+
+
+def test_corrections_join_the_bc_data_and_the_online_buffer_keeps_the_episodes_as_executed(tmp_path):
+    """p = 1, k = 2: every stored episode's decisions from the third on are the expert's; the BC data grows by
+    exactly those decisions (slot for slot the online buffer's, whose episodes are whole), and the count says so."""
+    trainer = Trainer(load_config(RECIPE, [*TINY, *HIL, "trainer.steps=2"]), tmp_path / "run")
+    hook = trainer.loss_hooks[0][1]
+    demo_slots = hook.bc_data.size
+    trainer.train()
+    rows = rows_of(tmp_path / "run")
+    online, bc = hook.buffer.arrays, hook.bc_data.arrays
+    ends = (online["terminal"] | ~online["sampleable"])[:hook.buffer.size].nonzero().squeeze(1).tolist()
+    starts = [0] + [e + 1 for e in ends[:-1]]
+    assert len(ends) == 2 * 4 and hook.buffer.size == rows[-1]["offpolicy/env_steps"]  # 2 steps of 4 episodes
+    expected = [slot for s, e in zip(starts, ends) for slot in range(s + 2, e + 1)]
+    assert hook.bc_data.size - demo_slots == len(expected) == rows[-1]["conrft/intervened_decisions"]
+    assert [r["conrft/intervened_episode_frac"] for r in rows[1:]] == [1.0, 1.0]
+    new = torch.arange(demo_slots, hook.bc_data.size)
+    for key in ("actions", "images", "proprio", "instruction_ids"):
+        assert torch.equal(bc[key][new], online[key][expected]), key
+
+
+def test_interventions_off_leave_the_learner_as_it_was(tmp_path):
+    """p = 0 (the recipe's default): no takeover plan, no flags, no intervention metrics, the BC data exactly the
+    demonstrations (no room kept) and nothing extra in the state file."""
+    trainer = Trainer(load_config(RECIPE, [*TINY, "trainer.steps=1"]), tmp_path / "run")
+    hook = trainer.loss_hooks[0][1]
+    assert hook.p.interventions == 0 and trainer.policy.takeover is None
+    assert hook.bc_data.capacity == hook.bc_data.size + 1
+    rollout = trainer.policy.rollout(trainer.task.sample_batch("train", 2, np.random.default_rng(0)), 1,
+                                     SamplingParams(1.0), seed=5)
+    assert rollout.payload.intervened is None
+    trainer.train()
+    assert not any("intervened" in key for row in rows_of(tmp_path / "run") for key in row)
+    saved = torch.load(tmp_path / "run" / "offpolicy" / "state_step_1.pt", weights_only=True)
+    assert set(saved) == {"learner", "buffer", "counters"}
+
+
+def test_bad_intervention_settings_are_refused_when_the_recipe_loads():
+    with pytest.raises(ConfigError, match=r"algo.extra.conrft: interventions is a probability per episode"):
+        load_config(RECIPE, [*QUIET, "algo.extra.conrft.interventions=1.5"])
+    with pytest.raises(ConfigError, match="intervention_after must be >= 0"):
+        load_config(RECIPE, [*QUIET, "algo.extra.conrft.intervention_after=-1"])
 
 def test_offline_phase_alone_lowers_the_bc_loss(tmp_path):
     """From random weights (no warm start), ConRFT's offline phase (Cal-QL + β·consistency BC − η·Q, 200 updates

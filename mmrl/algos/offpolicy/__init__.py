@@ -14,7 +14,9 @@ Pieces shared by the family:
 - :mod:`~mmrl.algos.offpolicy.formulas`: TD target, Cal-QL's conservative term, SAC actor / temperature
   losses, Polyak averaging (pure functions);
 - :mod:`~mmrl.algos.offpolicy.critic` and :mod:`~mmrl.algos.offpolicy.learner`: the Q ensemble and
-  :class:`ActorCritic`, one update of critic, target, actor loss and α.
+  :class:`ActorCritic`, one update of critic, target, actor loss and α;
+- :mod:`~mmrl.algos.offpolicy.interventions`: :class:`Interventions`, the scripted expert's takeovers standing in
+  for human interventions (EXPO-FT's and ConRFT's ``interventions`` / ``intervention_after``).
 
 Learners: ``wsrl`` (WSRL, seed #57: Cal-QL offline → warm-up rollouts → online SAC without offline data);
 ``co_rft`` (CO-RFT, seed #97: chunked TD over whole action chunks, γ per env step, offline on demonstrations,
@@ -35,6 +37,7 @@ from mmrl.algos.offpolicy.conrft import ConRFT, ConRFTParams
 from mmrl.algos.offpolicy.expo_ft import EXPOFT, EXPOFTParams, EditActor, OnTheFlyCritic
 from mmrl.algos.offpolicy.episodes import (Episode, episode_from_demonstration, episodes_from_rollout, read_episodes,
                                            write_episodes)
+from mmrl.algos.offpolicy.interventions import InterventionParams, Interventions
 from mmrl.algos.offpolicy.formulas import (actor_loss, calql_penalty, chunk_td_target, polyak_update, q_guided_choice,
                                            tanh_gaussian_logprob, td_target, temperature_loss)
 from mmrl.algos.offpolicy.learner import ActorCritic, ContinuousActor, CriticSettings
@@ -58,6 +61,7 @@ ROLLOUT_HOOKS.register("episode_log", HookSpec(lambda cfg: cfg.rollout.log_episo
 
 __all__ = ["OFFPOLICY_LEARNERS", "LEARNERS_WITHOUT_LOGPROB", "CORFT", "EXPOFT", "EXPOFTParams", "EditActor",
            "OnTheFlyCritic", "q_guided_choice", "tanh_gaussian_logprob", "ConRFT", "ConRFTParams", "WSRL", "ActorCritic", "CORFTParams", "ContinuousActor", "CriticSettings", "Episode", "EpisodeLog",
+           "InterventionParams", "Interventions",
            "TransitionBuffer", "Transitions", "WSRLParams", "actor_loss", "calql_penalty", "chunk_td_target", "chunked_return_to_go", "discounted_return_to_go",
            "episode_from_demonstration", "episodes_from_rollout", "polyak_update", "read_episodes",
            "read_logged_episodes", "td_target", "temperature_loss", "write_episodes"]

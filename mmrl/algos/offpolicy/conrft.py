@@ -21,28 +21,41 @@ objective is one formula in both stages, with stage-dependent weights:
    L_BC still on the demonstrations (kept in memory, never in the online buffer).
 
 ConRFT's online stage also learns from **human interventions** (HIL-SERL): a human takes over during online
-episodes, and the corrections join the demonstration buffer. There is no human here; that part is not built.
+episodes, and the corrections join the demonstration buffer. There is no human here; the task's scripted expert
+stands in for one (``interventions`` p > 0, ``intervention_after`` k; :mod:`mmrl.algos.offpolicy.interventions`,
+shared with EXPO-FT): each training episode is taken over with probability p after the policy's first k decisions
+(greedy evaluations never), the online buffer stores the episodes as they were executed, and the expert's
+decisions (its clean labels) join the BC data of L_BC. Metrics ``conrft/intervened_episode_frac`` (the step's
+episodes) and ``conrft/intervened_decisions`` (the run's). INFERRED: the scripted expert for the human, when it
+intervenes (a fixed decision index, never handing back), and BC on every taken-over decision.
 
 State, resume and single-process rules are WSRL's (:mod:`mmrl.algos.offpolicy.wsrl`); the demonstrations are
-drawn again (seeded) on resume and the decay depends only on the trainer step.
+drawn again (seeded) on resume (with interventions, the BC data and the count are saved with the state, as the
+corrections grow them) and the decay depends only on the trainer step.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
+from mmrl.algos.hooks import HookContext
 from mmrl.algos.offpolicy.buffer import TransitionBuffer, Transitions
 from mmrl.algos.offpolicy.episodes import Episode
+from mmrl.algos.offpolicy.interventions import InterventionParams, Interventions
 from mmrl.algos.offpolicy.wsrl import WSRL, WSRLParams
 from mmrl.algos.variants.params import declare_variant
+from mmrl.core.scored import Scored
+from mmrl.core.typed import ConfigError
 
 
 @dataclass(frozen=True)
-class ConRFTParams(WSRLParams):
-    """``algo.extra.conrft``: WSRL's critic / offline keys and ConRFT's actor weights (INFERRED where marked)."""
+class ConRFTParams(WSRLParams, InterventionParams):
+    """``algo.extra.conrft``: WSRL's critic / offline keys, ConRFT's actor weights (INFERRED where marked) and the
+    scripted interventions' ``interventions`` (default 0: off) / ``intervention_after``
+    (:class:`~mmrl.algos.offpolicy.interventions.InterventionParams`)."""
 
     auto_alpha: bool = False
     """No entropy temperature: the consistency actor has no log π (must stay false)."""
@@ -69,6 +82,11 @@ class ConRFTParams(WSRLParams):
     bc_batch_size: int = 64
     """Demonstration decisions in each BC term (INFERRED; ConRFT's code: the demonstration half of a batch)."""
 
+    def __post_init__(self) -> None:
+        problems = self.intervention_problems()
+        if problems:
+            raise ConfigError("algo.extra.conrft: " + "; ".join(problems))
+
 
 declare_variant("conrft", ConRFTParams)
 
@@ -78,7 +96,13 @@ class ConRFT(WSRL):
     p: ConRFTParams
 
     bc_data: TransitionBuffer
-    """The BC term's demonstrations (built with the offline phase, also when its result is read back)."""
+    """The BC term's demonstrations (built with the offline phase, also when its result is read back) and the
+    interventions' corrections."""
+
+    def __init__(self, ctx: HookContext):
+        super().__init__(ctx)
+        self.interventions = Interventions(self.p, stream=90, prefix="conrft")
+        self.interventions.install(ctx.policy, self.NAME)
 
     def online_cql_alpha(self) -> float:
         return self.p.online_cql_alpha
@@ -97,12 +121,14 @@ class ConRFT(WSRL):
         return super().offline_phase()
 
     def bc_buffer(self) -> TransitionBuffer:
-        """The demonstrations as BC data: the scripted expert's clean labels, and ``offline_files`` as stored."""
+        """The demonstrations as BC data: the scripted expert's clean labels, and ``offline_files`` as stored (with
+        room for the interventions' corrections)."""
         episodes: list[Episode] = self.offline_episodes(expert_labels=True)
         if not episodes:
             raise ValueError("algo.extra.conrft needs demonstrations for its BC term: offline_demos > 0 or "
                              "offline_files")
-        data = TransitionBuffer(sum(e.length for e in episodes) + 1, self.ctx.cfg.algo.gamma, self.CHUNKED)
+        room = self.p.correction_room(self.p.buffer_capacity)
+        data = TransitionBuffer(sum(e.length for e in episodes) + 1 + room, self.ctx.cfg.algo.gamma, self.CHUNKED)
         for episode in episodes:
             data.add(episode)
         return data
@@ -132,3 +158,27 @@ class ConRFT(WSRL):
         metrics |= {"loss/actor": loss.item(), "conrft/bc_loss": bc.item(), "conrft/q_policy": -q_term.item(),
                     "conrft/bc_weight": beta, "conrft/q_weight": eta}
         return loss, metrics
+
+    def store(self, episode: Episode) -> None:
+        """The episode into the online buffer as executed; its taken-over decisions join the BC data
+        (:meth:`Interventions.record`)."""
+        super().store(episode)
+        self.interventions.record(episode, self.bc_data)
+
+    def prepare(self, batch: Scored) -> None:
+        self.interventions.begin_step()
+        super().prepare(batch)
+
+    def metrics(self) -> dict[str, float]:
+        return super().metrics() | self.interventions.metrics()
+
+    def extra_state(self) -> dict[str, Any]:
+        """With interventions: their count and the BC data (it grows with them); else nothing (drawn again)."""
+        if not self.interventions.on:
+            return {}
+        return self.interventions.state_dict() | {"bc_data": self.bc_data.state_dict()}
+
+    def load_extra_state(self, saved: dict[str, Any]) -> None:
+        if self.interventions.on:
+            self.interventions.load_state_dict(saved)
+            self.bc_data.load_state_dict(saved["bc_data"])

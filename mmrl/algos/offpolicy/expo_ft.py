@@ -41,21 +41,20 @@ greedy decision and its mean edit β tanh(μ_e); INFERRED). Weights saved with a
 edit actor and critic live in ``<run>/offpolicy/`` (``mmrl eval`` of the saved policy evaluates the base alone).
 
 Interventions (``interventions`` p > 0; the paper's human takeovers, with the task's scripted expert standing in for
-the human): in each training rollout every episode is taken over with probability p after the policy's first
-``intervention_after`` decisions, the env's ``expert_action()`` acting closed loop from then on (the learner installs
-itself as the policy's ``takeover``, :class:`mmrl.core.contracts.TakeoverPlan`; ``GymRunner.run``'s
-``takeover_after``). The expert's decisions are what the payload stores there (flagged: ``VLAPayload.intervened``,
-``Episode.intervened``), so they enter the replay buffer like every executed decision and, with ``bc_data:
-demonstrations``, the base's BC data too. Their env steps are real steps of the same episodes, so
-``eval/real_env_steps`` counts them. When the human intervenes is INFERRED (a fixed decision index).
+the human; :mod:`mmrl.algos.offpolicy.interventions`, shared with ConRFT): in each training rollout every episode is
+taken over with probability p after the policy's first ``intervention_after`` decisions, the env's
+``expert_action()`` acting closed loop from then on. The expert's decisions are what the payload stores there
+(flagged), so they enter the replay buffer like every executed decision and, with ``bc_data: demonstrations``, the
+base's BC data too. Their env steps are real steps of the same episodes, so ``eval/real_env_steps`` counts them.
+Metrics ``expo/intervened_episode_frac``, ``expo/intervened_decisions``. When the human intervenes is INFERRED (a
+fixed decision index).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -64,19 +63,21 @@ from mmrl.algos.offpolicy.buffer import TransitionBuffer, Transitions
 from mmrl.algos.offpolicy.co_rft import CORFT, CORFTParams
 from mmrl.algos.offpolicy.episodes import Episode
 from mmrl.algos.offpolicy.formulas import actor_loss, q_guided_choice, tanh_gaussian_logprob, temperature_loss
+from mmrl.algos.offpolicy.interventions import InterventionParams, Interventions
 from mmrl.algos.offpolicy.learner import ActorCritic, ContinuousActor, CriticSettings
 from mmrl.algos.offpolicy.wsrl import critic_settings
 from mmrl.algos.variants.params import declare_variant
-from mmrl.core.contracts import ActionSelector, TakeoverPlan
+from mmrl.core.contracts import ActionSelector
 from mmrl.core.rollout import derive_seed
 from mmrl.core.scored import Scored
 from mmrl.core.typed import ConfigError
 
 
 @dataclass(frozen=True)
-class EXPOFTParams(CORFTParams):
+class EXPOFTParams(CORFTParams, InterventionParams):
     """``algo.extra.expo_ft``: WSRL's critic / offline keys (no conservative term), CO-RFT's retained
-    demonstrations, and EXPO-FT's edit actor and selection (INFERRED where marked)."""
+    demonstrations, EXPO-FT's edit actor and selection (INFERRED where marked), and the scripted interventions'
+    ``interventions`` / ``intervention_after`` (:class:`~mmrl.algos.offpolicy.interventions.InterventionParams`)."""
 
     cql_alpha: float = 0.0
     """No conservative term offline (EXPO has none; must stay 0)."""
@@ -101,11 +102,6 @@ class EXPOFTParams(CORFTParams):
     """Demonstration decisions per BC term with ``bc_data: demonstrations`` (the buffer's BC uses the TD batch)."""
     bc_weight: float = 1.0
     """Weight of the base's BC loss in what the trainer backpropagates."""
-    interventions: float = 0.0
-    """p: the probability that the env's scripted expert takes over a training episode (the stand-in for the
-    paper's human interventions); 0: off."""
-    intervention_after: int = 3
-    """k: a taken-over episode's expert acts from its (k+1)-th decision on (after the policy's first k)."""
 
     def __post_init__(self) -> None:
         problems = []
@@ -119,10 +115,7 @@ class EXPOFTParams(CORFTParams):
             problems.append(f"edit_scale must be in (0, 2] (actions live in [-1, 1]), got {self.edit_scale}")
         if self.warmup_steps != 0:
             problems.append("warmup_steps must be 0 (the buffer already holds the demonstrations)")
-        if not 0 <= self.interventions <= 1:
-            problems.append(f"interventions is a probability per episode, in [0, 1], got {self.interventions}")
-        if self.intervention_after < 0:
-            problems.append(f"intervention_after must be >= 0, got {self.intervention_after}")
+        problems += self.intervention_problems()
         if problems:
             raise ConfigError("algo.extra.expo_ft: " + "; ".join(problems))
 
@@ -135,7 +128,6 @@ class EditablePolicy(ContinuousActor, Protocol):
     """What EXPO-FT needs of the base policy (``VLAPolicy`` with a continuous head has it)."""
 
     action_selector: ActionSelector | None
-    takeover: TakeoverPlan | None
 
     def sample_actions(self, h: Tensor, temperature: float, generator: torch.Generator) -> Tensor:
         ...  # decisions as stored [B, D]; τ = 0 greedy
@@ -270,14 +262,12 @@ class EXPOFT(CORFT):
     """The demonstrations' clean labels (``bc_data: demonstrations``), built with the offline phase."""
 
     def __init__(self, ctx: HookContext):
-        self.intervened_decisions = 0  # decisions the scripted expert took in the run's training episodes
-        self.step_intervened = [0, 0]  # this step's episodes: [taken over, all]
         super().__init__(ctx)
         self.selections = [0, 0]  # sampled decisions of this step's rollouts: [edited chosen, all]
         self.edited_frac = 0.0  # the last step's share of edited choices (logged)
         ctx.policy.action_selector = self  # after the offline phase: step 0's evaluation acts through it
-        if self.p.interventions > 0:
-            ctx.policy.takeover = self.takeovers
+        self.interventions = Interventions(self.p, stream=89, prefix="expo")
+        self.interventions.install(ctx.policy, self.NAME)
 
     def build_learner(self) -> OnTheFlyCritic:
         policy = self.ctx.policy
@@ -296,39 +286,18 @@ class EXPOFT(CORFT):
             episodes = self.offline_episodes(expert_labels=True)
             if not episodes:
                 raise ValueError("algo.extra.expo_ft.bc_data: demonstrations needs offline_demos > 0 or offline_files")
-            room = self.p.buffer_capacity if self.p.interventions > 0 else 0  # for the interventions' decisions
+            room = self.p.correction_room(self.p.buffer_capacity)
             self.bc_data = TransitionBuffer(sum(e.length for e in episodes) + 1 + room, self.ctx.cfg.algo.gamma,
                                             self.CHUNKED)
             for episode in episodes:
                 self.bc_data.add(episode)
         return super().offline_phase()
 
-    def takeovers(self, episodes: int, temperature: float, seed: int) -> list[int] | None:
-        """The :class:`~mmrl.core.contracts.TakeoverPlan`: in training rollouts (τ > 0) each episode is taken over
-        with probability ``interventions``, after ``intervention_after`` decisions of the policy (draws seeded by the
-        rollout's seed, apart from the policy's own); evaluations (τ = 0) never."""
-        if temperature == 0:
-            return None
-        draws = np.random.default_rng([seed, 89]).random(episodes) < self.p.interventions
-        return [self.p.intervention_after if taken else -1 for taken in draws]
-
     def store(self, episode: Episode) -> None:
-        """The episode into the online buffer; its taken-over decisions (a suffix) are counted and, with ``bc_data:
-        demonstrations``, join the BC data as the corrections of a human join the demonstrations (HIL-SERL)."""
+        """The episode into the online buffer; its taken-over decisions are counted and, with ``bc_data:
+        demonstrations``, join the BC data (:meth:`Interventions.record`)."""
         super().store(episode)
-        self.step_intervened[1] += 1
-        if episode.intervened is None or not episode.intervened.any():
-            return
-        self.step_intervened[0] += 1
-        start = int(np.argmax(episode.intervened))
-        self.intervened_decisions += episode.length - start
-        if self.bc_data is not None:
-            def tail(x: np.ndarray | None) -> np.ndarray | None:
-                return None if x is None else x[start:]
-
-            self.bc_data.add(replace(episode, images=episode.images[start:], proprio=episode.proprio[start:],
-                                     actions=episode.actions[start:], rewards=episode.rewards[start:],
-                                     chunk_rewards=tail(episode.chunk_rewards), intervened=tail(episode.intervened)))
+        self.interventions.record(episode, self.bc_data)
 
     def __call__(self, images: Tensor, proprio: Tensor, instruction_ids: Tensor, h: Tensor, temperature: float,
                  generator: torch.Generator) -> Tensor:
@@ -356,26 +325,22 @@ class EXPOFT(CORFT):
         return p.bc_weight * bc, metrics
 
     def prepare(self, batch: Scored) -> None:
-        self.step_intervened = [0, 0]
+        self.interventions.begin_step()
         super().prepare(batch)
         self.edited_frac = self.selections[0] / max(self.selections[1], 1)
         self.selections = [0, 0]
 
     def metrics(self) -> dict[str, float]:
-        out = super().metrics() | {"expo/edited_chosen_frac": self.edited_frac}
-        if self.p.interventions > 0:
-            out |= {"expo/intervened_episode_frac": self.step_intervened[0] / max(self.step_intervened[1], 1),
-                    "expo/intervened_decisions": float(self.intervened_decisions)}
-        return out
+        return super().metrics() | {"expo/edited_chosen_frac": self.edited_frac} | self.interventions.metrics()
 
     def extra_state(self) -> dict[str, Any]:
         """The interventions' count and the BC data (it grows with them)."""
-        out: dict[str, Any] = {"intervened_decisions": torch.tensor(self.intervened_decisions)}
+        out: dict[str, Any] = self.interventions.state_dict()
         if self.bc_data is not None:
             out["bc_data"] = self.bc_data.state_dict()
         return out
 
     def load_extra_state(self, saved: dict[str, Any]) -> None:
-        self.intervened_decisions = int(saved["intervened_decisions"])
+        self.interventions.load_state_dict(saved)
         if self.bc_data is not None:
             self.bc_data.load_state_dict(saved["bc_data"])
