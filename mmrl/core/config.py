@@ -68,6 +68,12 @@ class RolloutConfig:
     """Keep every training row whose verifiable score is at least this (pickled per step under the run's
     ``kept/``): the data of a later ``rft`` stage (RLoop's expert set of successful trajectories). None: off."""
 
+    split: str = "train"
+    """Task split the training rollouts draw their examples from. Warm starts, offline demonstrations and the
+    hooks' own draws (demonstrations, probes) stay on ``train``; a held-out split here trains in a shifted
+    domain (PRFT's target domain, e.g. ``ood_color`` of ``robot/reach-v0``), checked against the task before
+    training starts."""
+
     log_episodes: bool = False
     """Write every step's rollouts as episode files (``<run>/episodes/step_<n>.rank<r>.npz``, the format of
     mmrl/algos/offpolicy/episodes.py): offline data for a later off-policy run (``algo.extra.wsrl.offline_files``).

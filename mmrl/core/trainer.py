@@ -55,6 +55,7 @@ class Trainer:
             raise ConfigError(f"rollout.prompts_per_step ({cfg.rollout.prompts_per_step}) must be divisible by "
                               f"processes × trainer.minibatches ({world} × {t.minibatches})")
         self.task = make_task(cfg.task.name, cfg.task.args)
+        check_rollout_split(self.task, cfg)
         policy = build_initial_policy(cfg, self.engine.device, self.engine.is_main, self.engine.wait)
         self.ref = copy.deepcopy(policy).eval().requires_grad_(False) if t.ref_model == "copy" else None
         if t.ref_model == "adapter_disabled":
@@ -139,7 +140,8 @@ class Trainer:
     def collect_round(self, index: int) -> Scored:
         cfg, eng = self.cfg, self.engine
         n, selector = cfg.rollout.prompts_per_step, self.selector
-        examples = self.task.sample_batch("train", n * (selector.candidates_per_prompt if selector else 1), self.data_rng)
+        candidates = n * (selector.candidates_per_prompt if selector else 1)
+        examples = self.task.sample_batch(cfg.rollout.split, candidates, self.data_rng)
         examples = selector.select_prompts(examples, n) if selector else examples
         examples = examples[eng.rank::eng.world_size]
         sampling = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_new_tokens)
@@ -297,6 +299,19 @@ class Trainer:
             hook.load_state_dict(state["hooks"].get(name, {}))
         for name, hook in self.loss_hooks:  # checkpoints from before loss hooks kept state hold none
             hook.load_state_dict(state.get("loss_hooks", {}).get(name, {}))
+
+
+def check_rollout_split(task: Any, cfg: TrainConfig) -> None:
+    """A ``rollout.split`` other than ``train`` must be one the task draws examples from: one draw now, so a
+    misspelt split fails before the warm start and the first rollout (a ``ConfigError`` naming the key)."""
+    split = cfg.rollout.split
+    if split == "train":
+        return
+    try:
+        task.sample_batch(split, 1, np.random.default_rng(0))
+    except (ValueError, KeyError) as error:
+        raise ConfigError(f"rollout.split: {cfg.task.name} cannot draw training examples from split {split!r} "
+                          f"({error})") from error
 
 
 def train(cfg: TrainConfig, out: str | Path, resume: bool = False, overwrite: bool = False) -> Path:

@@ -48,7 +48,7 @@ from mmrl.algos.offpolicy.buffer import TransitionBuffer, Transitions
 from mmrl.algos.offpolicy.episodes import (Episode, RecordedDemonstration, episode_from_demonstration,
                                            episodes_from_rollout, executed_by, read_episodes)
 from mmrl.algos.offpolicy.learner import ActorCritic, CriticSettings
-from mmrl.algos.offpolicy.reward_model import RewardModel, relabel, train_reward_model
+from mmrl.algos.offpolicy.reward_model import RewardModel, correlation, relabel, train_reward_model
 from mmrl.algos.variants.params import declare_variant, variant_params
 from mmrl.core.rollout import derive_seed
 from mmrl.core.scored import Scored
@@ -119,6 +119,12 @@ class WSRLParams:
     reward_model_width: int = 256
     reward_model_train_encoder: bool = True
     """Fine-tune the reward model's copy of the policy's encoder (false: heads on its frozen features)."""
+    reward_model_head: Literal["mse", "success"] = "mse"
+    """``mse``: one regression of the whole reward; ``success`` (INFERRED): a dense-reward regression plus a
+    success classifier, r̂ = dense + b·P(success) (:mod:`mmrl.algos.offpolicy.reward_model`); under reach's
+    colour shift its predictions stayed far closer to the env's rewards (docs/algorithms.md, PRFT)."""
+    reward_model_success_bonus: float = 1.0
+    """b: the reward paid once at the step that reaches the goal (the table-top potential's ``1·success``)."""
 
 
 declare_variant("wsrl", WSRLParams)
@@ -150,6 +156,7 @@ class WSRL(LossHook):
                              f"offline_steps > 0 (and give offline data)")
         self.reward_model: RewardModel | None = None
         self.relabel_error: list[float] = []
+        self.relabel_corr: float | None = None
         self.folder = Path(ctx.out) / STATE_DIR
         self.learner = self.build_learner()
         self.buffer = TransitionBuffer(self.p.buffer_capacity, cfg.algo.gamma, self.CHUNKED)
@@ -213,7 +220,8 @@ class WSRL(LossHook):
             self.learner.load_state_dict(saved["learner"])
             if "reward_model" in saved:
                 self.reward_model = RewardModel.from_policy(policy, int(saved["reward_model_chunk"]),
-                                                            p.reward_model_width, 0, p.reward_model_train_encoder)
+                                                            p.reward_model_width, 0, p.reward_model_train_encoder,
+                                                            p.reward_model_head, p.reward_model_success_bonus)
                 self.reward_model.load_state_dict(saved["reward_model"])
                 self.reward_model.requires_grad_(False).eval()
             policy.load_state_dict(saved["policy"])
@@ -259,7 +267,8 @@ class WSRL(LossHook):
         p, seed = self.p, self.ctx.cfg.trainer.seed
         chunk = data.arrays["chunk_rewards"].shape[1]
         self.reward_model = RewardModel.from_policy(self.ctx.policy, chunk, p.reward_model_width, derive_seed(seed, 44),
-                                                    p.reward_model_train_encoder)
+                                                    p.reward_model_train_encoder, p.reward_model_head,
+                                                    p.reward_model_success_bonus)
         metrics = train_reward_model(self.reward_model, data, p.reward_model_steps, p.batch_size, p.reward_model_lr,
                                      derive_seed(seed, 45))
         self.reward_model.requires_grad_(False).eval()
@@ -269,12 +278,15 @@ class WSRL(LossHook):
     def prepare(self, batch: Scored) -> None:
         """Store the step's episodes in the online buffer."""
         self.steps += 1
-        self.relabel_error = []
+        self.relabel_error, true, predicted = [], [], []
         for episode in episodes_from_rollout(batch.rollout, executed_by(self.ctx.policy)):
             if self.reward_model is not None:  # PRFT: store the predicted rewards, not the env's
+                true.append(episode.rewards)
                 episode, error = relabel(self.reward_model, episode)
                 self.relabel_error.append(error)
+                predicted.append(episode.rewards)
             self.store(episode)
+        self.relabel_corr = correlation(np.concatenate(true), np.concatenate(predicted)) if true else None
         self.env_steps += sum(int(o.length) for o in batch.rollout.outputs)
         self.sums, self.count = {}, 0
 
@@ -301,6 +313,8 @@ class WSRL(LossHook):
                 "offpolicy/online": float(self.steps > self.p.warmup_steps)}
         if self.relabel_error:
             out["prft/reward_abs_error"] = sum(self.relabel_error) / len(self.relabel_error)
+        if self.relabel_corr is not None:
+            out["prft/reward_corr"] = self.relabel_corr
         if self.steps == 1:
             out |= self.offline_metrics
         return out
