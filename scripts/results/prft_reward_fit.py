@@ -4,7 +4,7 @@ trained on (the run's task args, so the same demonstration noise), one line per 
 per-decision rewards, MSE of predicting their mean (the baseline a useful model beats) and their correlation.
 ``test`` is the source domain's held-out split, ``ood_color`` the target domain of vla_reach/prft_tiny_cpu.
 
-    python scripts/prft_reward_fit.py runs/prft/prft --splits test ood_color --demos 128
+    python scripts/results/prft_reward_fit.py runs/prft/prft --splits test ood_color --demos 128
 """
 
 from __future__ import annotations
