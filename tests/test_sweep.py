@@ -77,6 +77,21 @@ def test_every_arm_builds_a_valid_config():
         load_config("sanity/tiny_cpu", list(SWEEP_ARMS.get(arm).overrides))
 
 
+def test_the_polychromic_vine_arm_turns_on_vine_sampling_and_follows_polychromic_in_the_seed_sweeps():
+    from mmrl.algos.hooks import ROLLOUT_HOOKS
+    from mmrl.algos.variants import variant_params
+    from mmrl.core.config import load_config
+
+    cfg = load_config("sanity/tiny_cpu", list(SWEEP_ARMS.get("polychromic_vine").overrides))
+    assert cfg.algo.advantage == "polychromic" and variant_params(cfg.algo, "polychromic").vine_states == 4
+    assert "polychromic_vine" in [name for name, spec in ROLLOUT_HOOKS.entries() if spec.selected(cfg)]
+    plain = load_config("sanity/tiny_cpu", list(SWEEP_ARMS.get("polychromic").overrides))
+    assert "polychromic_vine" not in [name for name, spec in ROLLOUT_HOOKS.entries() if spec.selected(plain)]
+    for name in ("sweeps/seed_methods_sanity", "sweeps/seed_methods_vqa"):
+        arms = resolve_sweep(name, [])[1].arms
+        assert arms[arms.index("polychromic") + 1] == "polychromic_vine"
+
+
 def write_sweep_file(tmp_path, body: str):
     path = tmp_path / "s.yaml"
     path.write_text(body)

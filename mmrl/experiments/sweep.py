@@ -141,6 +141,11 @@ SWEEP_ARMS.register("frpo", SweepArm(("algo.policy_loss=none", "algo.loss_terms=
 SWEEP_ARMS.register("polychromic", SweepArm(("algo.advantage=polychromic",),
                                             "Polychromic PPO, arXiv 2509.25424 (set advantage, n = 4; no vine "
                                             "sampling; diversity = distinct outputs, INFERRED)"))
+SWEEP_ARMS.register("polychromic_vine", SweepArm(("algo.advantage=polychromic",
+                                                  "algo.extra.polychromic={vine_states: 4}"),
+                                                 "Polychromic PPO, arXiv 2509.25424, with vine sampling: 4 groups "
+                                                 "per step re-rolled from a state inside one of their answers, a "
+                                                 "group of continuations each (states INFERRED)"))
 SWEEP_ARMS.register("rw_sft", SweepArm(("algo.policy_loss=rw_sft", "algo.advantage=w_reinforce",
                                         "algo.extra.w_reinforce={positive_weight: 1.0}"),
                                        "RIFT reward-weighted SFT, arXiv 2601.09253 (weight 2r − 1; bounded "

@@ -93,7 +93,7 @@ def test_a_variant_learns(tmp_path):
 
 @pytest.mark.parametrize("arm", ["w_reinforce", "nsr", "psr", "f_grpo", "ace", "rl_zvp", "divergence_weighted",
                                  "aero_beta", "aero", "psn", "visurf", "dph_rl", "mssr", "pacs", "frpo",
-                                 "polychromic", "rw_sft", "weighted_grpo", "seele", "ampo", "eapo",
+                                 "polychromic", "polychromic_vine", "rw_sft", "weighted_grpo", "seele", "ampo", "eapo",
                                  "fest", "ebft", "rorecomp", "rollout_bandit", "erpo_reactivate", "erpo_full"])
 def test_every_variant_runs_through_the_trainer_from_a_recipe(tmp_path, arm):
     from mmrl.experiments.sweep import SWEEP_ARMS

@@ -34,6 +34,12 @@ class PolychromicParams:
     """n, the size of the sets the polychromic objective scores (paper: n = 4 in most runs; INFERRED here)."""
     max_sets: int = 20000
     """Refuse groups with more than this many n-subsets (every subset is scored: exact, no sampling)."""
+    vine_states: int = 0
+    """> 0: vine sampling (``polychromic_vine`` rollout hook, ``vine.py``): per round, up to this many groups each
+    give a state inside one of their answers, re-rolled as a new group of continuations (0: off; INFERRED budget)."""
+    vine_samples: int | None = None
+    """Continuations drawn from each vine state, the set the polychromic score ranges over (None:
+    ``rollout.samples_per_group``, the ordinary group's size; INFERRED)."""
 
 
 declare_variant("polychromic", PolychromicParams, needs=("output_classes",))
@@ -71,8 +77,9 @@ def set_marginal_advantage(rewards: Tensor, classes: Tensor, set_size: int, max_
 def polychromic_advantage(inp: AdvantageInputs, cfg: AlgoConfig) -> tuple[Tensor, None]:
     """Polychromic PPO's set-level advantage (arXiv 2509.25424, §4), per group, broadcast over the row's
     tokens: :func:`set_marginal_advantage` with diversity = distinct decoded outputs (exact equality; the
-    paper's diversity is environment-specific, INFERRED for text). Vine sampling (re-rolling from
-    intermediate states) is not implemented: the sets are drawn from the group's rollouts."""
+    paper's diversity is environment-specific, INFERRED for text). With ``vine_states`` > 0 the
+    ``polychromic_vine`` hook adds groups of continuations from a common state inside a sampled answer (vine
+    sampling, ``vine.py``); they are groups like any other here."""
     p = variant_params(cfg, "polychromic")
     if p.set_size < 2:
         raise ValueError(f"algo.extra.polychromic.set_size must be >= 2, got {p.set_size}")

@@ -18,6 +18,8 @@ Rollout hooks — ``draw`` wrappers nest first-outermost, ``refine`` runs in thi
   (``rollout.keep_successes``);
 - ``prompt_history`` (MSSR / AERO's Beta posterior): per-prompt outcome counts for the estimator;
 - ``output_classes`` (Polychromic PPO): which rows of a group decoded to the same output;
+- then ``polychromic_vine`` (Polychromic PPO's vine sampling, ``mmrl/algos/variants/vine.py``): groups of
+  continuations from a state inside a sampled answer (``algo.extra.polychromic.vine_states``);
 - then those of ``mmrl/algos/variants/guidance.py``: ``seele`` (hinted rounds), ``ampo`` (teacher rows),
   ``eapo`` (replayed successes); then those of ``mmrl/algos/variants/programs.py``: ``npo`` (a later
   checkpoint's rows), ``scope_rl`` (prefix credit / process shape).
