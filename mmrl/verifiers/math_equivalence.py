@@ -21,8 +21,11 @@ from math_verify.errors import TimeoutException
 from mmrl.verifiers.base import register_verifier
 from mmrl.verifiers.text import answer_region, final_line, scalar_text
 
-TIMEOUT_S = 1
-"""Seconds allowed to each ``math_verify`` parse / verify call (its signal timeout takes whole seconds)."""
+TIMEOUT_S = 3
+"""Wall-clock seconds allowed to each ``math_verify`` parse / verify call (its signal timeout takes whole
+seconds). 1 s was too tight on a loaded CPU: with six busy processes on 2 cores a correct interval answer's first
+parse (sympy's lazy imports, 0.2 s at load 4) ran out of it and scored 0; 3 s still stops the pathological
+inputs (the slowest measured below is 0.3 s)."""
 MAX_PARSED_CHARS = 200
 """Characters of the answer handed to ``math_verify`` (the last ones of its last line when longer). Its
 LaTeX grammar and sympy's simplification grow fast with length: at 200 characters 10,000 adversarial
