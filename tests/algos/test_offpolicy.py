@@ -464,11 +464,12 @@ def test_success_labels_mark_the_goal_step_of_terminal_decisions():
         assert labels.sum() == 1 and labels[goal // 2, goal % 2] == 1
 
 
-def test_success_head_ranks_held_out_goal_steps():
-    """The success head on 64 reach demonstrations (DART noise 0.3): its P(success) ranks the goal steps of 32
-    held-out demonstrations (test split) above their other steps (measured AUC 0.64; 0.80 on its training
-    demonstrations). What it does not do at this scale, so not asserted: beat the mean predictor's MSE on the
-    held-out rewards (measured 0.142 vs 0.120; the mse head 0.177), docs/algorithms.md, PRFT."""
+def test_success_head_ranks_goal_steps():
+    """The success head on 64 reach demonstrations (DART noise 0.3): its P(success) ranks the goal steps of its
+    training demonstrations above their other steps (AUC 0.74–0.80 over model seeds 0–2; a head that did not learn
+    the classifier is at 0.5). What it does not do robustly at this scale, so not asserted: rank held-out goal steps
+    (AUC 0.52–0.64 over the same seeds) or beat the mean predictor's MSE on held-out rewards (measured 0.142 vs
+    0.120; the mse head 0.177), docs/algorithms.md, PRFT."""
     from mmrl.algos.offpolicy.reward_model import RewardModel, train_reward_model
     from mmrl.tasks.robot import RobotTask, RobotTaskConfig
 
@@ -496,8 +497,7 @@ def test_success_head_ranks_held_out_goal_steps():
     model = RewardModel.from_policy(policy, 1, 64, seed=0, train_encoder=True, head="success")
     train_reward_model(model, data, 300, 64, 1e-3, seed=0)
     model.eval()
-    assert goal_step_auc(model, train_episodes[:32]) > 0.7
-    assert goal_step_auc(model, episodes("test", 32, 1)) > 0.6
+    assert goal_step_auc(model, train_episodes[:32]) > 0.65
 
 
 PRFT_TINY = [*TINY, "rollout.log_episodes=false", "algo.extra.wsrl.reward_model_steps=5",
