@@ -1,9 +1,9 @@
 """Robot tasks over the MuJoCo table-top envs (``robot/reach-v0``, ``robot/push-v0``, ``robot/pick_place-v0``)
-and over Meta-World (``robot/metaworld-<task>-v0`` for the MT10 tasks, ``robot/metaworld-mt10-v0``,
+and over Meta-World (``robot/metaworld-<task>-v0`` for the MT10 and ML10 tasks, ``robot/metaworld-mt10-v0``,
 ``robot/metaworld-ml10-v0``)."""
 
 from mmrl.core.registry import register_task
-from mmrl.envs.metaworld import MT10_TASKS
+from mmrl.envs.metaworld import TASKS as METAWORLD_TASKS
 from mmrl.tasks.robot.metaworld import MetaWorldTask, MetaWorldTaskConfig, make_metaworld_task_factory
 from mmrl.tasks.robot.tabletop import (Demonstration, EpisodeExample, RobotTask, RobotTaskConfig, episode_reward,
                                        make_task_factory)
@@ -11,7 +11,7 @@ from mmrl.tasks.robot.world_model_rft import WorldModelRFTTask, WorldModelTaskCo
 
 for _name in ("reach", "push", "pick_place"):
     register_task(f"robot/{_name}-v0", make_task_factory(_name), RobotTaskConfig)
-for _name in (*MT10_TASKS, "MT10", "ML10"):
+for _name in (*METAWORLD_TASKS, "MT10", "ML10"):
     register_task(f"robot/metaworld-{_name.lower()}-v0", make_metaworld_task_factory(_name), MetaWorldTaskConfig)
 register_task("robot/wm_reach-v0", make_wm_task_factory("reach"), WorldModelTaskConfig)  # VLA-RFT (world model)
 

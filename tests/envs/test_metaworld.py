@@ -21,6 +21,7 @@ from mmrl.core.registry import make_policy, make_task  # noqa: E402
 from mmrl.core.rollout import SamplingParams  # noqa: E402
 from mmrl.envs.metaworld import (ENV_IDS, ML10_TEST_TASKS, ML10_TRAIN_TASKS, MT10_TASKS, TEMPLATES,  # noqa: E402
                                  metaworld_env_id)
+from mmrl.envs.metaworld import TASKS as WRAPPED_TASKS  # noqa: E402
 from mmrl.envs.metaworld.env import MetaWorldEnv  # noqa: E402
 from mmrl.samplers.gym_runner import EpisodeSummary  # noqa: E402
 from mmrl.tasks.robot import EpisodeExample, MetaWorldTaskConfig  # noqa: E402
@@ -175,6 +176,14 @@ def test_demonstrations_and_a_token_vla_episode_through_the_task():
     assert rollout.mask.shape == (2, 5) and all(isinstance(o, EpisodeSummary) for o in rollout.outputs)
     result = task.reward(example, rollout.outputs[0])
     assert -1.0 <= result.score <= 2.0 and result.components["success"] in (0.0, 1.0)
+
+
+def test_every_wrapped_task_and_suite_is_a_training_task():
+    from mmrl.core.registry import TASKS as TASK_REGISTRY
+    wrapped = {f"robot/metaworld-{name.lower()}-v0" for name in (*WRAPPED_TASKS, "MT10", "ML10")}
+    assert wrapped <= set(TASK_REGISTRY.names())
+    door_close = make_task("robot/metaworld-door-close-v0", MetaWorldTaskConfig(train_seeds=2))
+    assert door_close.sample_batch("train", 1, np.random.default_rng(0))[0].env_id == "mmrl/MetaWorld-DoorClose-v0"
 
 
 def test_unavailable_renderer_names_mujoco_gl():
