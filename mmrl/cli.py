@@ -86,6 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--base", help="with --extrapolate-logits: the base weights (a model, run or sft folder "
                                          "that the same policy loads), or warm_start: the --model run's cached "
                                          "warm start")
+    evaluate.add_argument("--without-learner", action="store_true",
+                          help="a run whose off-policy learner acts for its policy (EXPO-FT: Q-guided choice over "
+                               "base samples and edits) is evaluated through that learner; this evaluates the saved "
+                               "weights alone")
     evaluate.add_argument("--json", help="also write the metrics to this JSON file")
     add_import_argument(evaluate)
 

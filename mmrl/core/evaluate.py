@@ -317,19 +317,56 @@ def base_folder(base: str, model: str | None, cfg: TrainConfig) -> str:
     return str(path)
 
 
+def acting_learner_of(model: str | None) -> str | None:
+    """The off-policy learner that acts for the policy of the run folder ``model`` (EXPO-FT's Q-guided choice:
+    :mod:`mmrl.algos.offpolicy.acting`), or None (not a run, or its checkpoints' weights are the whole policy)."""
+    run = Path(model) if model else None
+    if run is None or not (run / RUN_CONFIG).is_file() or not (run / "checkpoints").is_dir():
+        return None
+    from mmrl.algos.offpolicy.acting import ACTING_LEARNERS
+
+    name = read_recipe(run / RUN_CONFIG).get("algo", {}).get("offpolicy")
+    return name if name in ACTING_LEARNERS else None
+
+
+def restore_run_learner(model: str | None, policy: Policy, task: Any) -> str | None:
+    """When ``model`` is a run whose learner acts for its policy (:func:`acting_learner_of`): that learner rebuilt
+    onto ``policy`` (which holds the run's latest checkpoint) with the same checkpoint's state, and its name;
+    else None and nothing changes."""
+    name = acting_learner_of(model)
+    if name is None:
+        return None
+    from mmrl.algos.offpolicy.acting import restore_acting_learner
+    from mmrl.core import checkpoint as ckpt
+
+    run = Path(model)
+    latest = ckpt.latest_checkpoint(run)
+    if (run / ckpt.PROGRAM_FILE).is_file() or latest is None:
+        raise ConfigError(f"--model {model}: its {name} learner acts for the policy, but the folder has no single "
+                          f"run's checkpoint to restore it from; evaluate the saved weights alone (mmrl eval "
+                          f"--without-learner)")
+    run_cfg = validate(build(TrainConfig, read_recipe(run / RUN_CONFIG)))
+    restore_acting_learner(run, run_cfg, policy, task, ckpt.read_state(latest))
+    return name
+
+
 def evaluate_target(target: str, model: str | None, overrides: Sequence[str], splits: Sequence[str],
                     s: EvalSettings, policy_name: str = "vlm", max_new_tokens: int | None = None,
-                    extrapolate_logits: float | None = None, base: str | None = None
-                    ) -> dict[str, dict[str, float]]:
+                    extrapolate_logits: float | None = None, base: str | None = None,
+                    through_learner: bool = True) -> dict[str, dict[str, float]]:
     """Build the task and policy (:func:`resolve`), load the weights, evaluate every split. With
     ``extrapolate_logits`` α, sample from z_base + α·(z − z_base), the base being ``base``'s weights in the same
-    policy (:mod:`mmrl.policies.logits_extrapolation`; ``warm_start``: :func:`base_folder`)."""
+    policy (:mod:`mmrl.policies.logits_extrapolation`; ``warm_start``: :func:`base_folder`). A run whose learner
+    acts for its policy (:func:`acting_learner_of`) is evaluated through that learner, restored from the same
+    checkpoint, unless ``through_learner`` is False (the saved weights alone)."""
     from mmrl.core.registry import make_task
 
     if (extrapolate_logits is None) != (base is None):
         raise ConfigError("--extrapolate-logits ALPHA and --base BASE go together")
     cfg, policy = load_policy(target, model, overrides, policy_name)
     task = make_task(cfg.task.name, cfg.task.args)
+    if through_learner:
+        restore_run_learner(model, policy, task)
     # pass@k samples and threshold as the config's evaluation defines them (a run's own settings)
     s = dataclasses.replace(s, max_new_tokens=max_new_tokens or cfg.rollout.max_new_tokens,
                             pass_temperature=cfg.eval.pass_temperature, pass_threshold=cfg.eval.pass_threshold,
@@ -356,8 +393,9 @@ def run_eval(args: Any) -> str:
         raise ConfigError(f"--n (samples per example, {args.n}) must be >= --k ({args.k})")
     settings = EvalSettings(num_examples=args.num_examples, seed=args.seed, temperature=args.temperature, k=args.k,
                             n=args.n)
+    through = None if args.without_learner else acting_learner_of(args.model)
     results = evaluate_target(args.target, args.model, args.overrides, splits, settings, args.policy,
-                              args.max_new_tokens, args.extrapolate_logits, args.base)
+                              args.max_new_tokens, args.extrapolate_logits, args.base, not args.without_learner)
     if args.json:
         Path(args.json).write_text(json.dumps({"target": args.target, "model": args.model,
                                                "settings": dataclasses.asdict(settings), "metrics": results},
@@ -365,7 +403,9 @@ def run_eval(args: Any) -> str:
     lines = [f"{args.target}: {args.num_examples} examples per split, temperature {args.temperature}, "
              f"seed {args.seed}" + (f", model {args.model}" if args.model else "")
              + (f", logits extrapolated from {args.base} with alpha {args.extrapolate_logits}"
-                if args.extrapolate_logits is not None else "")]
+                if args.extrapolate_logits is not None else "")
+             + (f", acting through the run's {through} learner (--without-learner: the saved weights alone)"
+                if through else "")]
     for split, metrics in results.items():
         lines.append(f"[{split}]")
         lines += [f"  {key:<28} {value:.4f}" for key, value in metrics.items()]

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from mmrl.core.config import TrainConfig, load_config
-from mmrl.core.evaluate import resolve, verify
+from mmrl.core.evaluate import resolve, restore_run_learner, verify
 from mmrl.core.registry import make_policy, make_task
 from mmrl.core.rollout import SamplingParams
 from mmrl.core.warm_start import build_initial_policy
@@ -112,6 +112,8 @@ def main() -> None:
     for model in (args.before, args.after):
         cfg, policy = load_policy(args.recipe, model, args.overrides)
         task = make_task(cfg.task.name, cfg.task.args)
+        if model != WARM_START:  # a run whose learner acts for its policy (EXPO-FT) is measured through it
+            restore_run_learner(model, policy, task)
         per_split = {}
         for split in splits:
             examples = task.sample_batch(split, args.num_examples, np.random.default_rng(args.seed))

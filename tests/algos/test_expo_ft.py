@@ -283,3 +283,25 @@ def test_offline_phase_fits_the_critic_climbs_q_with_the_edits_and_imitates(tmp_
     assert td1 < 0.8 * td0, (td0, td1)
     assert gain1 > 0 and gain1 > gain0, (gain0, gain1)
     assert bc1 < bc0, (bc0, bc1)
+
+
+def test_mmrl_eval_of_a_run_acts_through_its_learner_as_the_run_did(tmp_path):
+    from mmrl.core.evaluate import EvalSettings, acting_learner_of, evaluate_target
+
+    run = tmp_path / "run"
+    cfg = load_config(RECIPE, [*TINY, "trainer.steps=2", "eval.every=2", "eval.num_examples=6"])
+    train(cfg, run)
+    logged = rows_of(run)[-1]
+    assert acting_learner_of(str(run)) == "expo_ft" and acting_learner_of(str(tmp_path)) is None
+    settings = EvalSettings(num_examples=6, seed=cfg.eval.seed, temperature=0.0)
+
+    def measured(through_learner):
+        return evaluate_target(RECIPE, str(run), TINY, ["test"], settings, through_learner=through_learner)["test"]
+
+    through, alone = measured(True), measured(False)
+    assert through["return_mean"] == pytest.approx(logged["eval/return_mean"], abs=1e-9)
+    assert through["success_rate"] == logged["eval/success_rate"]
+    assert alone["return_mean"] != pytest.approx(through["return_mean"], abs=1e-9)  # the base alone acts otherwise
+    (run / "offpolicy" / "offline.pt").unlink()
+    with pytest.raises(FileNotFoundError, match="offline result"):
+        measured(True)

@@ -38,7 +38,8 @@ Acting through the selection: the learner installs itself as the policy's ``acti
 (:class:`mmrl.core.contracts.ActionSelector`), which ``VLAPolicy.rollout`` calls in place of sampling its head,
 for training rollouts and the trainer's held-out evaluations alike (greedy, τ = 0: the candidates are the base's
 greedy decision and its mean edit β tanh(μ_e); INFERRED). Weights saved with a checkpoint are the base VLA's; the
-edit actor and critic live in ``<run>/offpolicy/`` (``mmrl eval`` of the saved policy evaluates the base alone).
+edit actor and critic live in ``<run>/offpolicy/``; ``mmrl eval`` of the run restores them and evaluates through the
+selection, as the run did (:mod:`mmrl.algos.offpolicy.acting`; ``--without-learner``: the base alone).
 
 Interventions (``interventions`` p > 0; the paper's human takeovers, with the task's scripted expert standing in for
 the human; :mod:`mmrl.algos.offpolicy.interventions`, shared with ConRFT): in each training rollout every episode is
