@@ -77,11 +77,11 @@ from mmrl.samplers.gym_runner import EpisodeBatch, GymRunner
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 BC_TANH_MARGIN = 0.05
-FLOW_BC_STREAM = 100
-"""The seed stream of the flow head's BC draws (τ, z): ``derive_seed(init_seed, FLOW_BC_STREAM, draw)``."""
 """Behaviour cloning of a tanh-squashed head fits atanh(a) of the expert's action a clipped to ±(1 − this):
 saturated expert actions (±1, 68 % of reach's labels) would otherwise have an infinite pre-squash target
 (INFERRED: measured on reach, BC 120 steps, test success 0.25 at 0.05 against 0.17 at 1e-3; atanh(0.95) ≈ 1.83)."""
+FLOW_BC_STREAM = 100
+"""The seed stream of the flow head's BC draws (τ, z): ``derive_seed(init_seed, FLOW_BC_STREAM, draw)``."""
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,16 @@ def test_latent_distillation_loss_golden_and_no_gradient_into_the_action_critic(
     assert q_latent.grad.tolist() == [[1.0, 0.0], [-1.0, -3.0]]  # 2 (Q^W − Q^A) / B
 
 
+def test_the_formulas_doctests_pass():
+    """Including the golden numbers of squashed_latent_logprob and latent_distillation_loss."""
+    import doctest
+
+    from mmrl.algos.offpolicy import formulas
+
+    result = doctest.testmod(formulas)
+    assert result.attempted >= 9 and result.failed == 0
+
+
 def test_a_fresh_latent_actor_starts_at_the_base_noise_and_stays_in_the_box():
     """μ = 0 and σ = 1/b at the start (w ≈ N(0, I) near 0): greedy w = 0; samples lie in (−b, b) with spread ≈ 1."""
     actor = LatentActor(features=8, noise_size=2, width=16, bound=2.5)

@@ -40,6 +40,15 @@ def test_flow_matching_loss_and_path_golden():
     assert interpolate(z, a, torch.tensor([0.25, 0.0, 1.0])).flatten().tolist() == [0.25, 1.5, 0.0, 2.0, 1.0, 0.0]
 
 
+def test_the_modules_doctests_pass():
+    import doctest
+
+    from mmrl.policies import flow_head
+
+    result = doctest.testmod(flow_head)
+    assert result.attempted >= 3 and result.failed == 0
+
+
 def test_euler_sampler_golden():
     """dx/dτ = −x from 1: two steps give ¼, four give (¾)⁴ = 0.31640625. dx/dτ = τ from 0 in four steps:
     Σ_k (k/4)/4 = 0.375 (the exact integral is 0.5: Euler evaluates at the left end of each step)."""
