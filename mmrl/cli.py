@@ -88,8 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
                                          "warm start")
     evaluate.add_argument("--without-learner", action="store_true",
                           help="a run whose off-policy learner acts for its policy (EXPO-FT: Q-guided choice over "
-                               "base samples and edits) is evaluated through that learner; this evaluates the saved "
-                               "weights alone")
+                               "base samples and edits; DSRL: the latent actor choosing the flow head's noise) is "
+                               "evaluated through that learner; this evaluates the saved weights alone")
     evaluate.add_argument("--json", help="also write the metrics to this JSON file")
     add_import_argument(evaluate)
 

@@ -38,7 +38,8 @@ def key_before_vision_pretraining(cfg) -> str:
                          ("consistency_width", 128)):  # and the VLA's consistency head settings, at their defaults
         if key in policy["args"] and policy["args"][key] == default:
             del policy["args"][key]
-    for key, default in (("context_smoothing", None), ("timestep_policy", "none")):  # and CSP / TMRL, when off
+    for key, default in (("context_smoothing", None), ("timestep_policy", "none"),  # and CSP / TMRL, when off,
+                         ("flow_steps", 10), ("flow_width", 128)):  # and the flow head's settings at their defaults
         if key in policy["args"] and policy["args"][key] == default:
             del policy["args"][key]
     if cfg.task.name == "driving/rift-v0":  # as did RLFTSim's reward: each left out at its default

@@ -194,10 +194,12 @@ class AlgoConfig:
     then fine-tuning on a buffer that keeps them; ``extra.co_rft``), conrft (ConRFT, seed #90: a consistency-policy
     actor trained by −η·Q + β·consistency BC, Cal-QL offline then Q-learning online; ``extra.conrft``), expo_ft
     (EXPO-FT, seed #89: a bounded edit actor and Q-guided selection over base samples and their edits, for acting
-    and for the TD target, the base VLA trained by BC only; ``extra.expo_ft``). Its loss
+    and for the TD target, the base VLA trained by BC only; ``extra.expo_ft``), dsrl (DSRL, the fine-tuning of
+    CSP / TMRL's seed #98: SAC over the noise a frozen flow head starts from; ``extra.dsrl``). Its loss
     hook stores each step's episodes in a replay buffer and trains a Q ensemble and the policy from it (SAC's
     actor; ConRFT's); use it with ``policy_loss: none``. wsrl / co_rft need a Gaussian action head, conrft the
-    consistency head (``policy.args.action_head: consistency``), expo_ft either. None: off."""
+    consistency (or flow) head (``policy.args.action_head: consistency``), expo_ft any continuous head, dsrl the
+    flow head (``policy.args.action_head: flow``). None: off."""
 
     extra: dict = field(default_factory=dict, hash=False)
     """Hyper-parameters of experimental shaping hooks, by hook name (documented per hook)."""

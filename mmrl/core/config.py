@@ -505,7 +505,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         if discrete is not None:
             problems.append(f"{discrete}: algo.offpolicy: {a.offpolicy} needs continuous actions (a Q over them, a "
                             f"reparameterised actor or an action edit); set policy.args.action_head: gaussian (or "
-                            f"consistency)")
+                            f"consistency or flow)")
     if isinstance(policy_args, LogprobFreeConfig):
         problems += logprob_free_problems(cfg, policy_args.decisions_without_logprob())
     if not 0 <= cfg.rollout.reference_rows < cfg.rollout.group_size:

@@ -318,8 +318,9 @@ def base_folder(base: str, model: str | None, cfg: TrainConfig) -> str:
 
 
 def acting_learner_of(model: str | None) -> str | None:
-    """The off-policy learner that acts for the policy of the run folder ``model`` (EXPO-FT's Q-guided choice:
-    :mod:`mmrl.algos.offpolicy.acting`), or None (not a run, or its checkpoints' weights are the whole policy)."""
+    """The off-policy learner that acts for the policy of the run folder ``model`` (EXPO-FT's Q-guided choice, DSRL's
+    latent actor: :mod:`mmrl.algos.offpolicy.acting`), or None (not a run, or its checkpoints' weights are the whole
+    policy)."""
     run = Path(model) if model else None
     if run is None or not (run / RUN_CONFIG).is_file() or not (run / "checkpoints").is_dir():
         return None

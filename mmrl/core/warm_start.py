@@ -34,7 +34,8 @@ KEY_FIELDS_WHEN_ON = {"vision_steps": ("vision_steps", "vision_lr"), "init_from"
 
 # Component arguments added after caches existed: left out of the key while at their defaults.
 POLICY_ARGS_ADDED_LATER = ("video", "share_prompts_under_checkpointing", "squash", "consistency_levels",
-                           "consistency_steps", "consistency_width", "context_smoothing", "timestep_policy")
+                           "consistency_steps", "consistency_width", "context_smoothing", "timestep_policy", "flow_steps",
+                           "flow_width")
 TASK_ARGS_ADDED_LATER = {"driving/rift-v0": ("reward", "rlftsim"),
                          "data/rows-v0": ("tools", "tool_result_template", "tool_reference", "answer_prefix_fraction")}
 

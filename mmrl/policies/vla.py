@@ -21,6 +21,12 @@ Action heads (``action_head``):
   (``sft_loss``: the consistency BC loss) and by off-policy learners that need no density
   (``algo.offpolicy: conrft``); the on-policy objectives are refused when the recipe is loaded
   (:meth:`VLAConfig.decisions_without_logprob`). The rollout's recorded log-probs are zeros.
+- ``flow``: a conditional flow-matching head (:mod:`mmrl.policies.flow_head`; π0's action expert, CSP / TMRL's
+  seed #98 fine-tunes one with DSRL): a = g_θ(h, z), ``flow_steps`` Euler steps of a velocity net v_θ(x, τ, h)
+  from the noise z ~ N(0, τ_s² I) (τ_s the rollout's temperature; greedy: z = 0), a deterministic, differentiable
+  function of (h, z) with **no log-probability**, trained by behaviour cloning with the flow-matching loss and by
+  the off-policy learners that need no density (``algo.offpolicy: dsrl`` steers its noise; ``conrft``,
+  ``expo_ft`` use it as they use the consistency head).
 
 Context smoothing (``context_smoothing``, CSP, seed #98; :mod:`mmrl.policies.context_smoothing`): behaviour
 cloning sees the image / proprio noised by one forward-diffusion step at a level t ~ U{0..K−1}, embedded into the
@@ -65,6 +71,7 @@ from mmrl.core.rollout import Rollout, SamplingParams, derive_seed
 from mmrl.core.typed import ConfigError
 from mmrl.policies.consistency import ConsistencyHead, NoiseLevels
 from mmrl.policies.context_smoothing import ContextSmoothing, alpha_bars, context_noise, noise_context
+from mmrl.policies.flow_head import FlowHead
 from mmrl.samplers.gym_runner import EpisodeBatch, GymRunner
 
 WEIGHTS_FILE = "model.safetensors"
@@ -73,15 +80,18 @@ BC_TANH_MARGIN = 0.05
 """Behaviour cloning of a tanh-squashed head fits atanh(a) of the expert's action a clipped to ±(1 − this):
 saturated expert actions (±1, 68 % of reach's labels) would otherwise have an infinite pre-squash target
 (INFERRED: measured on reach, BC 120 steps, test success 0.25 at 0.05 against 0.17 at 1e-3; atanh(0.95) ≈ 1.83)."""
+FLOW_BC_STREAM = 100
+"""The seed stream of the flow head's BC draws (τ, z): ``derive_seed(init_seed, FLOW_BC_STREAM, draw)``."""
 
 
 @dataclass(frozen=True)
 class VLAConfig:
     action_dims: int = 2
     """Action dimensions of the env (reach/push: 2 end-effector deltas; pick-and-place: 4 with grip)."""
-    action_head: Literal["tokens", "gaussian", "consistency"] = "tokens"
-    """Discretised action tokens (OpenVLA), a Gaussian chunk head with a learned σ (VLA-RFT) or a consistency
-    model of the chunk (ConRFT; no log-probability: off-policy learners only)."""
+    action_head: Literal["tokens", "gaussian", "consistency", "flow"] = "tokens"
+    """Discretised action tokens (OpenVLA), a Gaussian chunk head with a learned σ (VLA-RFT), a consistency
+    model of the chunk (ConRFT) or a flow-matching model of it (π0; DSRL). The last two have no log-probability:
+    off-policy learners only."""
     bins: int = 256
     """Bins per action dimension of the token head (OpenVLA: 256)."""
     chunk: int = 1
@@ -111,6 +121,10 @@ class VLAConfig:
     """Consistency head: network evaluations per sampled decision (1: one-step generation)."""
     consistency_width: int = 128
     """Consistency head: hidden width of F_θ (INFERRED for the tiny VLA)."""
+    flow_steps: int = 10
+    """Flow head: Euler steps from the noise to the action (π0: 10)."""
+    flow_width: int = 128
+    """Flow head: hidden width of the velocity net v_θ (INFERRED for the tiny VLA)."""
     max_decisions: int = 50
     """Decisions per episode at most (the env's time limit usually ends it first)."""
     num_envs: int = 32
@@ -136,7 +150,7 @@ class VLAConfig:
         if self.timestep_policy != "none" and self.context_smoothing is None:
             raise ConfigError(f"policy.args.timestep_policy: {self.timestep_policy} chooses a context level and "
                               f"needs policy.args.context_smoothing (e.g. {{levels: 10}})")
-        if self.timestep_policy != "none" and self.action_head == "consistency":
+        if self.timestep_policy != "none" and self.action_head in ("consistency", "flow"):
             raise ConfigError("policy.args.timestep_policy needs an action head with log π (tokens or gaussian): "
                               "the timestep's log-probability is trained with the actions' by the policy gradient")
 
@@ -146,10 +160,10 @@ class VLAConfig:
         return self.timestep_policy != "none"
 
     def decisions_without_logprob(self) -> str | None:
-        """Why this head's decisions have no log-probability (the consistency head), else None: the recipe
-        loader then refuses every objective that reads log π (:class:`mmrl.core.contracts.LogprobFreeConfig`)."""
-        if self.action_head == "consistency":
-            return "policy.args.action_head: consistency samples actions without a log-probability"
+        """Why this head's decisions have no log-probability (the consistency and flow heads), else None: the
+        recipe loader then refuses every objective that reads log π (:class:`mmrl.core.contracts.LogprobFreeConfig`)."""
+        if self.action_head in ("consistency", "flow"):
+            return f"policy.args.action_head: {self.action_head} samples actions without a log-probability"
         return None
 
     def discrete_decisions(self) -> str | None:
@@ -173,7 +187,7 @@ def squashed_entropy_estimate(gaussian_entropy: Tensor, u: Tensor) -> Tensor:
 
 
 def unscored_logprob(h: Tensor) -> Tensor:
-    """The consistency head's stand-in for log π in :meth:`VLAPolicy.forward`: zeros [B], kept in the graph
+    """The consistency and flow heads' stand-in for log π in :meth:`VLAPolicy.forward`: zeros [B], kept in the graph
     (0 · Σ h) so the trainer's zero policy-gradient term of an off-policy run backpropagates like any other
     head's. Objectives that would read it are refused when the recipe is loaded."""
     return h.float().sum(-1) * 0.0
@@ -297,6 +311,9 @@ class VLAPolicy(Policy):
                 and cfg.consistency_steps >= 1):
             raise ValueError(f"policy.args.consistency_levels needs 0 < sigma_min < sigma_max, sigma_data > 0, "
                              f"levels >= 2 and consistency_steps >= 1; got {levels}, steps {cfg.consistency_steps}")
+        if cfg.flow_steps < 1 or cfg.flow_width < 1:
+            raise ValueError(f"policy.args.flow_steps and flow_width must be >= 1, got {cfg.flow_steps}, "
+                             f"{cfg.flow_width}")
         self.cfg = cfg
         self.action_selector: ActionSelector | None = None
         """When set (by an off-policy learner: EXPO-FT's Q-guided selection), rollouts choose each decision with
@@ -305,7 +322,7 @@ class VLAPolicy(Policy):
         """When set (by an off-policy learner: EXPO-FT's scripted interventions), the episodes it names are taken
         over by the env's scripted expert from the decision it gives; the payload stores the expert's decisions
         there and flags them (``VLAPayload.intervened``). None: the policy acts throughout."""
-        self.bc_draws = 0  # consistency / CSP BC draws so far: seeds their noise (no global RNG)
+        self.bc_draws = 0  # consistency / flow / CSP BC draws so far: seeds their noise (no global RNG)
         layers, width = [], 3
         for i, out in enumerate(cfg.channels):
             k, s = (5, 2) if i == 0 else (3, 2 if i == 1 else 1)
@@ -322,6 +339,8 @@ class VLAPolicy(Policy):
             self.action_logits = nn.Linear(cfg.hidden, outputs * cfg.bins)
         elif cfg.action_head == "consistency":
             self.consistency = ConsistencyHead(cfg.hidden, outputs, cfg.consistency_width, cfg.consistency_levels)
+        elif cfg.action_head == "flow":
+            self.flow = FlowHead(cfg.hidden, outputs, cfg.flow_width)
         else:
             self.action_mean = nn.Linear(cfg.hidden, outputs)
             self.action_log_std = nn.Linear(cfg.hidden, outputs)  # the σ-network
@@ -460,9 +479,9 @@ class VLAPolicy(Policy):
         ``actions`` are the pre-squash samples u (what the payload stores) and log π is the density of the
         executed tanh(u); the entropy is :func:`squashed_entropy_estimate` at u.
         """
-        if self.cfg.action_head == "consistency":
+        if self.cfg.decisions_without_logprob() is not None:
             raise ValueError(f"{self.cfg.decisions_without_logprob()}: log π cannot be scored (use an off-policy "
-                             f"learner without one, algo.offpolicy: conrft)")
+                             f"learner without one, algo.offpolicy: conrft, expo_ft or dsrl)")
         tau = temperature if temperature > 0 else 1.0
         if self.cfg.action_head == "tokens":
             logits = self.action_logits(h).view(h.shape[0], -1, self.cfg.bins).float() / tau
@@ -490,6 +509,9 @@ class VLAPolicy(Policy):
             return torch.multinomial(probs.view(-1, self.cfg.bins).cpu(), 1, generator=generator).view(probs.shape[:2])
         if self.cfg.action_head == "consistency":  # τ scales the noise; τ = 0 starts from its mode
             return self.consistency.sample(h, self.cfg.consistency_steps, generator, temperature)
+        if self.cfg.action_head == "flow":  # z ~ N(0, τ² I); τ = 0: z = 0
+            noise = torch.randn((h.shape[0], self.decision_size), generator=generator) * temperature
+            return self.flow.sample(h, noise, self.cfg.flow_steps)
         mean = self.action_mean(h).float()
         if temperature == 0:
             return mean
@@ -501,12 +523,15 @@ class VLAPolicy(Policy):
         (τ = 1): [B, chunk·A] and [B], both differentiable in the policy's parameters (SAC's actor update,
         Haarnoja et al. 2018, eq. 11). With ``squash: tanh`` the decision is the executed tanh(ã) and log π
         its density (eq. 21 of the same paper). The consistency head: its one- or few-step sample
-        f_θ(σ_max z, σ_max, h) (differentiable in θ) and None: a deterministic actor of (h, z) without a density.
-        Token actions have no reparameterisation."""
+        f_θ(σ_max z, σ_max, h) (differentiable in θ) and None: a deterministic actor of (h, z) without a density;
+        the flow head likewise: g_θ(h, z), z ~ N(0, I), and None. Token actions have no reparameterisation."""
         if self.cfg.action_head == "consistency":
             return self.consistency.sample(h, self.cfg.consistency_steps, generator), None
+        if self.cfg.action_head == "flow":
+            noise = torch.randn((h.shape[0], self.decision_size), generator=generator)
+            return self.flow.sample(h, noise, self.cfg.flow_steps), None
         if self.cfg.action_head != "gaussian":
-            raise ValueError(f"off-policy actor updates need policy.args.action_head: gaussian or consistency (got "
+            raise ValueError(f"off-policy actor updates need policy.args.action_head: gaussian, consistency or flow (got "
                              f"{self.cfg.action_head!r}: discrete action tokens cannot be reparameterised)")
         mean, log_std = self.action_mean(h).float(), self.log_std(h).float()
         noise = torch.randn(mean.shape, generator=generator).to(mean.device)
@@ -515,6 +540,14 @@ class VLAPolicy(Policy):
         if self.cfg.squash == "tanh":
             return torch.tanh(actions), logp - tanh_log_abs_det(actions).sum(-1)
         return actions, logp
+
+    def flow_actions(self, h: Tensor, noise: Tensor) -> Tensor:
+        """The flow head's decisions g_θ(h, z) [B, chunk·A] from features ``h`` [B, F] and the noise z [B, chunk·A]
+        it integrates from (what DSRL's latent actor chooses); deterministic, differentiable in θ, h and z."""
+        if self.cfg.action_head != "flow":
+            raise ValueError(f"the action noise can be chosen for a flow head only: set policy.args.action_head: "
+                             f"flow (got {self.cfg.action_head!r})")
+        return self.flow.sample(h, noise, self.cfg.flow_steps)
 
     @property
     def feature_size(self) -> int:
@@ -575,7 +608,7 @@ class VLAPolicy(Policy):
                 decision = self.sample_actions(h, sampling.temperature, generator)
             else:
                 decision = self.action_selector(*obs, h, sampling.temperature, generator)
-            logp = (torch.zeros(len(decision)) if self.cfg.action_head == "consistency"  # no density: recorded 0
+            logp = (torch.zeros(len(decision)) if self.cfg.decisions_without_logprob()  # no density: recorded 0
                     else self.action_logprob(h, decision, sampling.temperature)[0])
             if self.cfg.modulates_timestep:
                 logp = logp + self.timestep_logprob(h0, t, sampling.temperature)[0]
@@ -624,7 +657,7 @@ class VLAPolicy(Policy):
         if self.cfg.modulates_timestep:
             chosen = p.timesteps[rows, steps]
             h = self.features(*obs, chosen, p.context_seeds[rows, steps])
-        if self.cfg.action_head == "consistency":
+        if self.cfg.decisions_without_logprob() is not None:
             logp_flat, entropy_flat = unscored_logprob(h), None
         else:
             logp_flat, entropy_flat = self.action_logprob(h, p.actions[rows, steps].to(self.device), p.temperature,
@@ -674,10 +707,13 @@ class VLAPolicy(Policy):
     def imitation_loss(self, h: Tensor, actions: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """Behaviour cloning of action chunks ``actions`` [B, chunk·A] (as executed, in [−1, 1]) under features
         ``h`` [B, hidden]: the mean NLL per action dimension (tokens: of their bins; a squashed head: of their
-        pre-squash values, see :data:`BC_TANH_MARGIN`), or the consistency BC loss (its noise from ``generator``,
-        else seeded as :meth:`consistency_bc_loss` does). What :meth:`sft_loss` and EXPO-FT's base BC minimise."""
+        pre-squash values, see :data:`BC_TANH_MARGIN`), or the consistency / flow-matching BC loss (its noise from
+        ``generator``, else seeded as :meth:`consistency_bc_loss` does). What :meth:`sft_loss`, ConRFT's BC term and
+        EXPO-FT's base BC minimise."""
         if self.cfg.action_head == "consistency":
             return self.consistency_bc_loss(h, actions.clamp(-1, 1), generator)
+        if self.cfg.action_head == "flow":
+            return self.flow_bc_loss(h, actions.clamp(-1, 1), generator)
         target = actions
         if self.cfg.action_head == "tokens":
             target = tokenize_actions(target, self.cfg.bins)
@@ -709,3 +745,10 @@ class VLAPolicy(Policy):
             self.bc_draws += 1
         return self.consistency.bc_loss(h, actions, generator)[0].mean()
 
+    def flow_bc_loss(self, h: Tensor, actions: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        """The flow head's BC loss (:meth:`FlowHead.bc_loss`, the flow-matching loss) of ``actions`` [B, chunk·A]
+        under features ``h``, averaged over rows; without a ``generator`` seeded as :meth:`consistency_bc_loss`."""
+        if generator is None:
+            generator = torch.Generator().manual_seed(derive_seed(self.cfg.init_seed, FLOW_BC_STREAM, self.bc_draws))
+            self.bc_draws += 1
+        return self.flow.bc_loss(h, actions, generator)[0].mean()

@@ -121,7 +121,7 @@ def test_calql_penalty_without_importance_weights_golden():
 # -- the recipe and its refusals ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("overrides, message", [
-    (["algo.offpolicy=wsrl"], r"without a log-probability.*algo.offpolicy: one of \['conrft', 'expo_ft'\]"),
+    (["algo.offpolicy=wsrl"], r"without a log-probability.*algo.offpolicy: one of \['conrft', 'dsrl', 'expo_ft'\]"),
     (["algo.offpolicy=null", "algo.policy_loss=ppo_clip"], "policy-gradient objectives .* need log π"),
     (["trainer.ref_model=copy"], "trainer.ref_model: none"),
     (["algo.entropy_coef=0.01"], "algo.entropy_coef > 0"),

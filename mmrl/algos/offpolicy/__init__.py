@@ -23,7 +23,8 @@ Learners: ``wsrl`` (WSRL, seed #57: Cal-QL offline → warm-up rollouts → onli
 then fine-tuning on a buffer that keeps them); ``conrft`` (ConRFT, seed #90: a consistency-policy actor, Cal-QL +
 consistency BC offline, then Q-learning with a decaying BC weight online); ``expo_ft`` (EXPO-FT, seed #89: a
 bounded edit actor on the base VLA's decisions, Q-guided selection over base samples and their edits for acting and
-for the TD target, the base trained by BC only).
+for the TD target, the base trained by BC only); ``dsrl`` (DSRL, the fine-tuning of the CSP / TMRL seed #98: SAC
+over the noise a frozen flow head starts from, with an action critic Q^A and a latent critic Q^W distilled from it).
 """
 
 from __future__ import annotations
@@ -34,11 +35,13 @@ from mmrl.algos.hooks import LOSS_HOOKS, ROLLOUT_HOOKS, HookContext, HookSpec, L
 from mmrl.algos.offpolicy.buffer import TransitionBuffer, Transitions, chunked_return_to_go, discounted_return_to_go
 from mmrl.algos.offpolicy.co_rft import CORFT, CORFTParams
 from mmrl.algos.offpolicy.conrft import ConRFT, ConRFTParams
+from mmrl.algos.offpolicy.dsrl import DSRL, DSRLParams, LatentActor, LatentActorCritic
 from mmrl.algos.offpolicy.expo_ft import EXPOFT, EXPOFTParams, EditActor, OnTheFlyCritic
 from mmrl.algos.offpolicy.episodes import (Episode, episode_from_demonstration, episodes_from_rollout, read_episodes,
                                            write_episodes)
 from mmrl.algos.offpolicy.interventions import InterventionParams, Interventions
-from mmrl.algos.offpolicy.formulas import (actor_loss, calql_penalty, chunk_td_target, polyak_update, q_guided_choice,
+from mmrl.algos.offpolicy.formulas import (actor_loss, calql_penalty, chunk_td_target, latent_distillation_loss,
+                                           polyak_update, q_guided_choice, squashed_latent_logprob,
                                            tanh_gaussian_logprob, td_target, temperature_loss)
 from mmrl.algos.offpolicy.learner import ActorCritic, ContinuousActor, CriticSettings
 from mmrl.algos.offpolicy.episode_log import EpisodeLog, read_logged_episodes
@@ -50,16 +53,19 @@ OFFPOLICY_LEARNERS.register("wsrl", WSRL)
 OFFPOLICY_LEARNERS.register("co_rft", CORFT)
 OFFPOLICY_LEARNERS.register("conrft", ConRFT)
 OFFPOLICY_LEARNERS.register("expo_ft", EXPOFT)
-LEARNERS_WITHOUT_LOGPROB = frozenset({"conrft", "expo_ft"})
+OFFPOLICY_LEARNERS.register("dsrl", DSRL)
+LEARNERS_WITHOUT_LOGPROB = frozenset({"conrft", "expo_ft", "dsrl"})
 """Learners that need no log π of the run's policy (a deterministic actor such as the consistency head; EXPO-FT's
-base, trained by BC only, whose edit actor has a density of its own): the only ones a policy without
+base, trained by BC only, whose edit actor has a density of its own; DSRL's frozen flow head, whose latent actor
+has one): the only ones a policy without
 log-probabilities may train with (checked when the recipe is loaded)."""
 
 LOSS_HOOKS.register("offpolicy", HookSpec(lambda cfg: cfg.algo.offpolicy is not None,
                                           lambda ctx: OFFPOLICY_LEARNERS.get(ctx.cfg.algo.offpolicy)(ctx)))
 ROLLOUT_HOOKS.register("episode_log", HookSpec(lambda cfg: cfg.rollout.log_episodes, EpisodeLog))
 
-__all__ = ["OFFPOLICY_LEARNERS", "LEARNERS_WITHOUT_LOGPROB", "CORFT", "EXPOFT", "EXPOFTParams", "EditActor",
+__all__ = ["OFFPOLICY_LEARNERS", "LEARNERS_WITHOUT_LOGPROB", "CORFT", "DSRL", "DSRLParams", "LatentActor",
+           "LatentActorCritic", "latent_distillation_loss", "squashed_latent_logprob", "EXPOFT", "EXPOFTParams", "EditActor",
            "OnTheFlyCritic", "q_guided_choice", "tanh_gaussian_logprob", "ConRFT", "ConRFTParams", "WSRL", "ActorCritic", "CORFTParams", "ContinuousActor", "CriticSettings", "Episode", "EpisodeLog",
            "InterventionParams", "Interventions",
            "TransitionBuffer", "Transitions", "WSRLParams", "actor_loss", "calql_penalty", "chunk_td_target", "chunked_return_to_go", "discounted_return_to_go",

@@ -1,9 +1,9 @@
 """Evaluating a run whose off-policy learner acts for its policy.
 
 Most learners train the run's policy itself (WSRL, ConRFT, CO-RFT): a checkpoint's policy weights are the policy.
-EXPO-FT acts through its learner instead (the Q-guided choice over base samples and their edits, installed as the
-policy's ``action_selector``): the saved weights are only its base, and the edit actor and critic live in
-``<run>/offpolicy/``. :func:`restore_acting_learner` rebuilds such a learner around a policy that already holds
+EXPO-FT and DSRL act through their learners instead (EXPO-FT's Q-guided choice over base samples and their edits,
+DSRL's latent actor choosing the flow head's noise; each installed as the policy's ``action_selector``): the saved
+weights are only the base, and the learner's actor and critics live in ``<run>/offpolicy/``. :func:`restore_acting_learner` rebuilds such a learner around a policy that already holds
 the checkpoint's weights, loads the learner's state of the same checkpoint and installs it, so that ``mmrl eval``
 of the run measures the policy the run's own held-out evaluations measured (the scripted expert's takeovers, a
 stand-in for a human during training, stay off).
@@ -20,7 +20,7 @@ from typing import Any
 
 from mmrl.algos.hooks import HookContext, LossHook
 
-ACTING_LEARNERS = frozenset({"expo_ft"})
+ACTING_LEARNERS = frozenset({"expo_ft", "dsrl"})
 """Learners that install themselves as the policy's ``action_selector``: their runs are evaluated through them."""
 
 

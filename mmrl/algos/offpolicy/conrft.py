@@ -116,7 +116,7 @@ class ConRFT(WSRL):
                              "actor does not have; set both to false")
         if self.learner.has_logprob:
             raise ValueError(f"algo.offpolicy: conrft trains a consistency policy: set policy.args.action_head: "
-                             f"consistency (got {self.ctx.cfg.policy.args.action_head!r})")
+                             f"consistency (or flow; got {self.ctx.cfg.policy.args.action_head!r})")
         self.bc_data = self.bc_buffer()
         return super().offline_phase()
 
@@ -152,7 +152,7 @@ class ConRFT(WSRL):
         q_term = -(q_pi.mean(0) if self.p.actor_reduce == "mean" else q_pi.min(0).values).mean()
         demos = self.bc_data.sample(self.p.bc_batch_size, generator)
         h_demo = policy.features(demos.images, demos.proprio, demos.instruction_ids)
-        bc = policy.consistency_bc_loss(h_demo, demos.actions, generator)
+        bc = policy.imitation_loss(h_demo, demos.actions, generator)  # the consistency (or flow-matching) BC loss
         beta, eta = self.actor_weights(step)
         loss = eta * q_term + beta * bc
         metrics |= {"loss/actor": loss.item(), "conrft/bc_loss": bc.item(), "conrft/q_policy": -q_term.item(),

@@ -164,3 +164,31 @@ def q_guided_choice(candidates: Tensor, q: Tensor, reduce: str = "min") -> tuple
     value = q.min(dim=0).values if reduce == "min" else q.mean(dim=0)  # [B, K]
     index = value.argmax(dim=1)
     return candidates[torch.arange(len(index), device=candidates.device), index], index
+
+
+def squashed_latent_logprob(u: Tensor, mean: Tensor, log_std: Tensor, bound: float) -> Tensor:
+    """log density of DSRL's latent action w = b · tanh(u), u ~ N(mean, exp(log_std)²) per dimension, summed over
+    the last axis: the tanh-Gaussian density (:func:`tanh_gaussian_logprob`) of tanh(u) less D log b, the scaling's
+    log-Jacobian (the latent actor's bounded noise box [−b, b]^D): [B, D] → [B].
+
+    At u = μ = 0, σ = 1, b = 2.5, one dimension: −½ ln 2π − ln 2.5 = −0.918939 − 0.916291:
+
+    >>> round(squashed_latent_logprob(torch.tensor([[0.0]]), torch.tensor([[0.0]]), torch.tensor([[0.0]]), 2.5).item(), 6)
+    -1.835229
+    """
+    return tanh_gaussian_logprob(u, mean, log_std) - u.shape[-1] * math.log(bound)
+
+
+def latent_distillation_loss(q_latent: Tensor, q_action: Tensor) -> Tensor:
+    """DSRL-NA's distillation of the action critic into the latent critic (Wagenmaker et al. 2025, "Steering Your
+    Diffusion Policy with Latent Space RL", §4.2): member i of Q^W regresses onto member i of Q^A at the action the
+    flow head makes of the noise, Q^A_i(s, g(s, w)), which is held fixed:
+
+        L_W = Σ_i mean_B ( Q^W_i(s, w) − Q^A_i(s, g(s, w)) )²
+
+    ``q_latent``, ``q_action``: [E, B]. → scalar (gradient into ``q_latent`` only).
+
+    >>> latent_distillation_loss(torch.tensor([[1.0, 2.0], [0.0, 0.0]]), torch.tensor([[0.0, 2.0], [1.0, 3.0]]))
+    tensor(5.5000)
+    """
+    return ((q_latent - q_action.detach()) ** 2).mean(1).sum()

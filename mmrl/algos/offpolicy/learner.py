@@ -87,7 +87,7 @@ class ActorCritic:
         with torch.no_grad():  # fails now, clearly, for a policy without a reparameterisable head
             _, probe_logp = policy.rsample_actions(torch.zeros(1, policy.feature_size), torch.Generator())
         self.has_logprob = probe_logp is not None
-        if not self.has_logprob and s.backup_entropy:
+        if s.backup_entropy and not self.next_action_density():
             raise ValueError("backup_entropy needs log π(a'|s'): the policy's actor has none (consistency head)")
         self.critic = Critic.from_policy(policy, policy.feature_size, self.action_size, s.ensemble_size, s.width, seed)
         self.target = copy.deepcopy(self.critic).requires_grad_(False)
@@ -170,6 +170,11 @@ class ActorCritic:
         if s.chunked:
             return chunk_td_target(batch.chunk_rewards, batch.terminal, next_q, logp_next, s.gamma, alpha), h_next
         return td_target(batch.rewards, batch.terminal, next_q, logp_next, s.gamma, alpha), h_next
+
+    def next_action_density(self) -> bool:
+        """Whether :meth:`next_actions` returns log π(a'|s') (the soft backup needs it): here, whether the policy's
+        head has a density (DSRL's latent actor has one of its own)."""
+        return self.has_logprob
 
     def next_actions(self, batch: Transitions, h_next: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor | None]:
         """The TD target's a' [B, D] at the batch's successor states and log π(a'|s') [B] (None: no density):

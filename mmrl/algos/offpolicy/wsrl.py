@@ -181,9 +181,10 @@ class WSRL(LossHook):
         return 0.0
 
     def learner_step(self, batch: Transitions, generator: torch.Generator, cql_alpha: float,
-                     step: int | None) -> tuple[torch.Tensor, dict[str, float]]:
+                     step: int | None) -> tuple[torch.Tensor | None, dict[str, float]]:
         """One critic update on ``batch`` and the actor loss (with graph) for it: SAC's
-        (:meth:`ActorCritic.update`). ``step``: the trainer step online, None in the offline phase."""
+        (:meth:`ActorCritic.update`). ``step``: the trainer step online, None in the offline phase. A learner that
+        steps an actor of its own and leaves the policy alone returns None for the loss (DSRL)."""
         return self.learner.update(batch, generator, cql_alpha, self.p.calibrated)
 
     # -- phase 1 --------------------------------------------------------------------------------
@@ -242,7 +243,7 @@ class WSRL(LossHook):
         for k in range(p.offline_steps):
             generator = torch.Generator().manual_seed(derive_seed(cfg.trainer.seed, 41, k))
             loss, metrics = self.learner_step(data.sample(p.batch_size, generator), generator, p.cql_alpha, None)
-            if k >= p.offline_actor_start:
+            if loss is not None and k >= p.offline_actor_start:  # None: the learner stepped its own actor (DSRL)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.trainer.grad_clip)
@@ -305,6 +306,8 @@ class WSRL(LossHook):
             for key, value in metrics.items():
                 self.sums[key] = self.sums.get(key, 0.0) + value
             self.count += 1
+        if loss is None:  # the learner stepped its own actor (DSRL): nothing for the trainer's optimizer
+            return None
         return loss, {"loss/actor": metrics["loss/actor"], "loss/critic_td": metrics["loss/critic_td"]}
 
     def metrics(self) -> dict[str, float]:
