@@ -305,3 +305,12 @@ def test_mmrl_eval_of_a_run_acts_through_its_learner_as_the_run_did(tmp_path):
     (run / "offpolicy" / "offline.pt").unlink()
     with pytest.raises(FileNotFoundError, match="offline result"):
         measured(True)
+
+
+def test_demonstrations_are_retained_without_an_offline_phase(tmp_path):
+    trainer = Trainer(load_config(RECIPE, [*TINY, "algo.extra.expo_ft.offline_steps=0"]), tmp_path / "run")
+    learner = trainer.loss_hooks[0][1]
+    assert len(learner.buffer) == sum(e.length for e in learner.offline_episodes()) > 0
+    kept = Trainer(load_config(RECIPE, [*TINY, "algo.extra.expo_ft.offline_steps=0",
+                                        "algo.extra.expo_ft.retain_offline=false"]), tmp_path / "dropped")
+    assert len(kept.loss_hooks[0][1].buffer) == 0

@@ -55,11 +55,11 @@ class CORFT(WSRL):
     p: CORFTParams
 
     def seed_online_buffer(self) -> None:
-        """The offline episodes (read again when the offline result came from ``offline.pt``) start the online
-        buffer when ``retain_offline``."""
+        """The offline episodes (read again when the offline result came from ``offline.pt``, or when there was no
+        offline phase) start the online buffer when ``retain_offline``."""
         if not self.p.retain_offline:
             return
-        episodes = self.offline_data or (self.offline_episodes() if self.p.offline_steps else [])
+        episodes = self.offline_data or self.offline_episodes()
         if sum(e.length for e in episodes) > self.p.buffer_capacity:
             raise ValueError(f"algo.extra.co_rft.buffer_capacity ({self.p.buffer_capacity}) is smaller than the "
                              f"offline data it retains ({sum(e.length for e in episodes)} decisions)")
