@@ -278,15 +278,27 @@ class ActionSelector(Protocol):
         ...  # [B, H, W, 3] uint8, [B, P], [B, L], [B, F] → decisions [B, D] as the policy's payload stores them
 
 
+@dataclass(frozen=True)
+class Takeovers:
+    """A rollout's scripted takeovers (what a :class:`TakeoverPlan` returns): per episode, ``after[i]`` = k >= 0 lets
+    the env's scripted expert take episode i over from its decision k on (−1: never). With ``stall_window`` None it
+    takes over at decision k; with w, at the first decision d >= k at which the episode's last w decisions gained
+    no reward (their rewards sum to <= 0: no progress on the potential-based reward), the way a human steps in on a
+    stalling robot. Either way the expert keeps control to the end of the episode."""
+
+    after: list[int]
+    stall_window: int | None = None
+
+
 @runtime_checkable
 class TakeoverPlan(Protocol):
-    """Which episodes of a rollout the env's scripted expert takes over, and from which decision (a learner installs
-    it on a policy that offers ``takeover``: EXPO-FT's and ConRFT's scripted stand-in for human interventions,
+    """Which episodes of a rollout the env's scripted expert takes over, and when (a learner installs it on a policy
+    that offers ``takeover``: EXPO-FT's and ConRFT's scripted stand-in for human interventions,
     :mod:`mmrl.algos.offpolicy.interventions`). Called once per rollout with its number of episodes, its
-    temperature and its seed; returns per episode the decision index from which the expert acts (−1: never), or
-    None for no takeover at all (e.g. greedy evaluation)."""
+    temperature and its seed; returns the :class:`Takeovers`, or None for no takeover at all (e.g. greedy
+    evaluation)."""
 
-    def __call__(self, episodes: int, temperature: float, seed: int) -> list[int] | None:
+    def __call__(self, episodes: int, temperature: float, seed: int) -> Takeovers | None:
         ...
 
 

@@ -66,7 +66,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from mmrl.core.contracts import ActionSelector, Policy, PolicyOutput, TakeoverPlan
+from mmrl.core.contracts import ActionSelector, Policy, PolicyOutput, TakeoverPlan, Takeovers
 from mmrl.core.rollout import Rollout, SamplingParams, derive_seed
 from mmrl.core.typed import ConfigError
 from mmrl.policies.consistency import ConsistencyHead, NoiseLevels
@@ -214,10 +214,10 @@ def detokenize_actions(tokens: Tensor, bins: int) -> Tensor:
 
 
 def run_episode_groups(policy: Any, examples: Sequence[Any], group_size: int, decide: Any,
-                       record_frames: bool, takeover_after: Sequence[int] | None = None) -> EpisodeBatch:
+                       record_frames: bool, takeovers: Takeovers | None = None) -> EpisodeBatch:
     """Each example's episode ``group_size`` times through ``policy.runner`` (``decide`` picks the actions;
-    ``policy.cfg.chunk`` steps a decision, at most ``policy.cfg.max_decisions``; ``takeover_after``: the scripted
-    expert's takeovers, :meth:`GymRunner.run`), the policy in eval mode meanwhile. Shared by the env policies
+    ``policy.cfg.chunk`` steps a decision, at most ``policy.cfg.max_decisions``; ``takeovers``: the scripted
+    expert's, :meth:`GymRunner.run`), the policy in eval mode meanwhile. Shared by the env policies
     (``vla``, ``vla_vlm``)."""
     env_ids = [ex.env_id for ex in examples for _ in range(group_size)]
     seeds = [ex.seed for ex in examples for _ in range(group_size)]
@@ -225,7 +225,8 @@ def run_episode_groups(policy: Any, examples: Sequence[Any], group_size: int, de
     policy.eval()
     try:
         return policy.runner.run(env_ids, seeds, decide, policy.cfg.chunk, policy.cfg.max_decisions, record_frames,
-                                 takeover_after)
+                                 None if takeovers is None else takeovers.after,
+                                 None if takeovers is None else takeovers.stall_window)
     finally:
         policy.train(was_training)
 

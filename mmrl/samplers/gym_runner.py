@@ -107,18 +107,23 @@ class GymRunner:
 
     def run(self, env_ids: Sequence[str], seeds: Sequence[int], decide: DecideFn, chunk: int,
             max_decisions: int, record_frames: bool = False,
-            takeover_after: Sequence[int] | None = None) -> EpisodeBatch:
+            takeover_after: Sequence[int] | None = None, stall_window: int | None = None) -> EpisodeBatch:
         """Run one episode per (env id, seed) for at most ``max_decisions`` decisions.
 
         ``takeover_after[i]`` = k >= 0: from episode i's decision k on (after the policy's first k decisions), the
         env's scripted expert acts instead (``env.unwrapped.expert_action()``, closed loop at every env step of a
         chunk; ``decide`` is still called for every row and its actions for those rows are discarded); −1: never.
-        The batch then records ``intervened`` and ``expert_actions``."""
+        With ``stall_window`` w the expert takes over at the first decision d >= k whose episode gained no reward
+        over its last w decisions (sum <= 0; :class:`mmrl.core.contracts.Takeovers`), and keeps control. The batch
+        then records ``intervened`` and ``expert_actions``."""
         if takeover_after is not None and len(takeover_after) != len(env_ids):
             raise ValueError(f"takeover_after has {len(takeover_after)} entries for {len(env_ids)} episodes")
+        if stall_window is not None and stall_window < 1:
+            raise ValueError(f"stall_window must be >= 1 decisions, got {stall_window}")
         parts = [self._run_batch(tuple(env_ids[i:i + self.num_envs]), list(seeds[i:i + self.num_envs]), decide,
                                  chunk, max_decisions, record_frames,
-                                 None if takeover_after is None else np.asarray(takeover_after[i:i + self.num_envs]))
+                                 None if takeover_after is None else np.asarray(takeover_after[i:i + self.num_envs]),
+                                 stall_window)
                  for i in range(0, len(env_ids), self.num_envs)]
         return concat_batches(parts)
 
@@ -132,7 +137,8 @@ class GymRunner:
                              f"scripted expert in the env") from err
 
     def _run_batch(self, env_ids: tuple[str, ...], seeds: list[int], decide: DecideFn, chunk: int,
-                   max_decisions: int, record_frames: bool, takeover: np.ndarray | None = None) -> EpisodeBatch:
+                   max_decisions: int, record_frames: bool, takeover: np.ndarray | None = None,
+                   stall_window: int | None = None) -> EpisodeBatch:
         env = self.vector_env(env_ids)
         n = len(env_ids)
         obs, _ = env.reset(seed=[int(s) for s in seeds])
@@ -141,6 +147,7 @@ class GymRunner:
         returns, lengths, success = np.zeros(n), np.zeros(n, dtype=int), np.zeros(n, dtype=bool)
         images, proprio, records, rewards, dones, masks, in_chunk = [], [], [], [], [], [], []
         intervened, expert_chunks = [], []
+        taken = np.zeros(n, dtype=bool)  # episodes the expert has taken over (it keeps control)
         frames = [[obs["image"][i]] for i in range(n)] if record_frames else None
         for decision in range(max_decisions):
             if not active.any():
@@ -154,7 +161,15 @@ class GymRunner:
             masks.append(active.astype(np.float32))
             reward, done = np.zeros(n, dtype=np.float32), np.zeros(n, dtype=np.float32)
             per_step = np.zeros((n, chunk), dtype=np.float32)
-            expert_rows = None if takeover is None else (takeover >= 0) & (decision >= takeover) & active
+            expert_rows = None
+            if takeover is not None:
+                due = (takeover >= 0) & (decision >= takeover)
+                if stall_window is not None:  # due, and no reward gained over the last w decisions
+                    stalled = (np.sum(rewards[-stall_window:], axis=0) <= 0 if decision >= stall_window
+                               else np.zeros(n, dtype=bool))
+                    due &= taken | stalled
+                taken |= due & active
+                expert_rows = taken & active
             if expert_rows is not None:
                 intervened.append(expert_rows.astype(np.float32))
                 expert_chunks.append(np.zeros(actions.shape, dtype=np.float32))

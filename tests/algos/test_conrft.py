@@ -237,6 +237,31 @@ def test_bad_intervention_settings_are_refused_when_the_recipe_loads():
         load_config(RECIPE, [*QUIET, "algo.extra.conrft.interventions=1.5"])
     with pytest.raises(ConfigError, match="intervention_after must be >= 0"):
         load_config(RECIPE, [*QUIET, "algo.extra.conrft.intervention_after=-1"])
+    with pytest.raises(ConfigError, match="intervention_trigger must be one of 'after', 'stall'"):
+        load_config(RECIPE, [*QUIET, "algo.extra.conrft.intervention_trigger=failure"])
+    with pytest.raises(ConfigError, match="stall_window must be >= 1"):
+        load_config(RECIPE, [*QUIET, "algo.extra.conrft.stall_window=0"])
+
+
+def test_stall_triggered_interventions_take_over_only_stalling_episodes(tmp_path):
+    """p = 1, stall trigger: every training episode is chosen, but the expert steps in only after w decisions that
+    gained no reward (here at decision k or later), and keeps control; the plan carries the window."""
+    trainer = Trainer(load_config(RECIPE, [*TINY, *HIL, "algo.extra.conrft.intervention_trigger=stall",
+                                           "algo.extra.conrft.stall_window=2"]), tmp_path / "run")
+    plan = trainer.policy.takeover(3, 1.0, 5)
+    assert plan.after == [2, 2, 2] and plan.stall_window == 2 and trainer.policy.takeover(3, 0.0, 5) is None
+    examples = trainer.task.sample_batch("train", 8, np.random.default_rng(0))
+    rollout = trainer.policy.rollout(examples, 1, SamplingParams(1.0), seed=5)
+    flags, rewards = rollout.payload.intervened, rollout.payload.chunk_rewards.sum(-1)
+    lengths = rollout.mask.sum(1).long().tolist()
+    for row, length in enumerate(lengths):
+        taken = flags[row, :length].nonzero().squeeze(1).tolist()
+        if taken:  # a suffix, starting after a stall of two decisions, not before decision k
+            start = taken[0]
+            assert taken == list(range(start, length)) and start >= 2
+            assert float(rewards[row, start - 2:start].sum()) <= 0
+    starts = [int(flags[row].argmax()) if flags[row].any() else None for row in range(len(lengths))]
+    assert any(s is not None for s in starts) and any(s != 2 for s in starts)  # not the fixed trigger's decision 2
 
 def test_offline_phase_alone_lowers_the_bc_loss(tmp_path):
     """From random weights (no warm start), ConRFT's offline phase (Cal-QL + β·consistency BC − η·Q, 200 updates

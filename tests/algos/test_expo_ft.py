@@ -168,6 +168,72 @@ def test_runner_takeover_executes_the_scripted_expert_from_the_given_decision():
     assert plain.intervened is None and plain.summaries[0].length == batch.summaries[1].length
 
 
+class StallEnv:
+    """A 1-D line for the stall trigger: the state moves by the action (clipped to [−1, 1]); the reward is the
+    progress x_t − x_{t−1}; the expert pushes +1; 12 steps."""
+
+    @staticmethod
+    def make():
+        import gymnasium
+        from gymnasium import spaces
+
+        class Line(gymnasium.Env):
+            observation_space = spaces.Dict({"image": spaces.Box(0, 255, (4, 4, 3), np.uint8),
+                                             "proprio": spaces.Box(-np.inf, np.inf, (1,), np.float32),
+                                             "instruction": spaces.Text(8)})
+            action_space = spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+            def reset(self, seed=None, options=None):
+                super().reset(seed=seed)
+                self.x, self.t = 0.0, 0
+                return self.obs(), {}
+
+            def obs(self):
+                return {"image": np.zeros((4, 4, 3), np.uint8), "proprio": np.array([self.x], np.float32),
+                        "instruction": "go"}
+
+            def step(self, action):
+                before, self.t = self.x, self.t + 1
+                self.x += float(np.clip(action[0], -1, 1))
+                return self.obs(), self.x - before, False, self.t >= 12, {"success": False}
+
+            def expert_action(self):
+                return np.ones(1, np.float32)
+
+        return Line()
+
+
+def test_a_stall_triggered_takeover_waits_for_a_stalling_episode():
+    """Rows 0 and 1 stand still from decision 2, row 2 keeps moving: with the stall trigger (w = 3, eligible from
+    decision 1) rows 0 and 1 are taken over at decision 5, the first after three decisions without reward gained,
+    row 2 never; row 1 is not chosen (−1). The fixed trigger takes row 2 over at its decision 1."""
+    import gymnasium
+
+    from mmrl.samplers.gym_runner import GymRunner
+
+    if "test/StallLine-v0" not in gymnasium.registry:
+        gymnasium.register("test/StallLine-v0", entry_point=StallEnv.make)
+    runner = GymRunner(3, "sync")
+    decision = [0]
+
+    def decide(images, proprio, instructions):
+        moving = np.array([[0.5], [0.5], [0.5]]) if decision[0] < 2 else np.array([[0.0], [0.0], [0.5]])
+        decision[0] += 1
+        return moving[:, None, :].astype(np.float32), {}
+
+    batch = runner.run(["test/StallLine-v0"] * 3, [0, 1, 2], decide, chunk=1, max_decisions=12,
+                       takeover_after=[1, -1, 1], stall_window=3)
+    assert batch.intervened[0].tolist() == [0.0] * 5 + [1.0] * 7
+    assert not batch.intervened[1].any() and not batch.intervened[2].any()
+    assert batch.expert_actions[0, 5:, 0, 0].tolist() == [1.0] * 7 and batch.summaries[0].episode_return == 1.0 + 7.0
+    decision[0] = 0
+    fixed = runner.run(["test/StallLine-v0"] * 3, [0, 1, 2], decide, chunk=1, max_decisions=12,
+                       takeover_after=[-1, -1, 1])
+    assert fixed.intervened[2].tolist() == [0.0] + [1.0] * 11
+    with pytest.raises(ValueError, match="stall_window must be >= 1"):
+        runner.run(["test/StallLine-v0"], [0], decide, chunk=1, max_decisions=2, takeover_after=[0], stall_window=0)
+
+
 def test_interventions_are_stored_flagged_counted_as_real_steps_and_join_the_bc_data(tmp_path):
     overrides = [*TINY, "trainer.steps=2", "algo.extra.expo_ft.interventions=0.5", "algo.extra.expo_ft.intervention_after=2",
                  "algo.extra.expo_ft.bc_data=demonstrations"]

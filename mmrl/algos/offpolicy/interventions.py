@@ -10,20 +10,23 @@ policy's first ``intervention_after`` decisions: from then on the env's ``expert
 expert's decisions there, flagged (``VLAPayload.intervened``, ``Episode.intervened``), so the learner's online
 buffer holds the episodes as they were executed; :meth:`Interventions.record` counts the taken-over decisions (a
 suffix of the episode) and adds them to the learner's demonstration BC data, as the corrections of a human join
-the demonstrations (HIL-SERL). INFERRED: when the human intervenes (a fixed decision index, never handing back).
+the demonstrations (HIL-SERL). When the expert steps in: at decision k (``intervention_trigger: after``), or
+failure-triggered (``stall``): at the first decision from k on that follows ``stall_window`` decisions without
+reward gained, so an episode that keeps progressing is left to the policy. INFERRED: both triggers stand in for a
+human's judgement; the expert never hands control back.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 import torch
 
 from mmrl.algos.offpolicy.buffer import TransitionBuffer
 from mmrl.algos.offpolicy.episodes import Episode
-from mmrl.core.contracts import TakeoverPlan
+from mmrl.core.contracts import TakeoverPlan, Takeovers
 
 
 @dataclass(frozen=True)
@@ -35,7 +38,15 @@ class InterventionParams:
     """p: the probability that the env's scripted expert takes over a training episode (the stand-in for the
     paper's human interventions); 0: off."""
     intervention_after: int = 3
-    """k: a taken-over episode's expert acts from its (k+1)-th decision on (after the policy's first k)."""
+    """k: a taken-over episode's expert acts from its (k+1)-th decision on (after the policy's first k); with
+    ``intervention_trigger: stall``, the earliest decision it may."""
+    intervention_trigger: Literal["after", "stall"] = "after"
+    """When the expert steps into a chosen episode: ``after``: at decision k; ``stall``: at the first decision
+    >= k after ``stall_window`` decisions that gained no reward (failure-triggered, as a human steps in on a
+    stalling robot; :class:`mmrl.core.contracts.Takeovers`). A chosen episode that keeps progressing is never
+    taken over."""
+    stall_window: int = 5
+    """w: decisions without reward gained that count as a stall (``intervention_trigger: stall``)."""
 
     def intervention_problems(self) -> list[str]:
         problems = []
@@ -43,6 +54,8 @@ class InterventionParams:
             problems.append(f"interventions is a probability per episode, in [0, 1], got {self.interventions}")
         if self.intervention_after < 0:
             problems.append(f"intervention_after must be >= 0, got {self.intervention_after}")
+        if self.stall_window < 1:
+            problems.append(f"stall_window must be >= 1 decisions, got {self.stall_window}")
         return problems
 
     def correction_room(self, online_capacity: int) -> int:
@@ -65,6 +78,7 @@ class Interventions:
 
     def __init__(self, params: InterventionParams, stream: int, prefix: str):
         self.probability, self.after = params.interventions, params.intervention_after
+        self.stall_window = params.stall_window if params.intervention_trigger == "stall" else None
         self.stream, self.prefix = stream, prefix
         self.decisions = 0  # decisions the scripted expert took in the run's training episodes
         self.step_episodes = [0, 0]  # this step's episodes: [taken over, all]
@@ -82,14 +96,14 @@ class Interventions:
                              f"over (the vla policy's takeover); got {type(policy).__name__}")
         policy.takeover = self.plan
 
-    def plan(self, episodes: int, temperature: float, seed: int) -> list[int] | None:
-        """The :class:`~mmrl.core.contracts.TakeoverPlan`: in training rollouts (τ > 0) each episode is taken over
-        with probability p, after k decisions of the policy (draws seeded by the rollout's seed and ``stream``);
-        evaluations (τ = 0) never."""
+    def plan(self, episodes: int, temperature: float, seed: int) -> Takeovers | None:
+        """The :class:`~mmrl.core.contracts.TakeoverPlan`: in training rollouts (τ > 0) each episode is chosen
+        with probability p (draws seeded by the rollout's seed and ``stream``) and taken over after k decisions of
+        the policy, or with the stall trigger at its first stall from then on; evaluations (τ = 0) never."""
         if temperature == 0:
             return None
         draws = np.random.default_rng([seed, self.stream]).random(episodes) < self.probability
-        return [self.after if taken else -1 for taken in draws]
+        return Takeovers([self.after if taken else -1 for taken in draws], self.stall_window)
 
     def begin_step(self) -> None:
         """Start counting a trainer step's episodes."""
