@@ -27,7 +27,8 @@ shared with EXPO-FT): each training episode is taken over with probability p aft
 (greedy evaluations never), the online buffer stores the episodes as they were executed, and the expert's
 decisions (its clean labels) join the BC data of L_BC. Metrics ``conrft/intervened_episode_frac`` (the step's
 episodes) and ``conrft/intervened_decisions`` (the run's). INFERRED: the scripted expert for the human, when it
-intervenes (a fixed decision index, never handing back), and BC on every taken-over decision.
+intervenes (a fixed decision index, or its first stall from there with ``intervention_trigger: stall``; never handing
+back), and BC on every taken-over decision.
 
 State, resume and single-process rules are WSRL's (:mod:`mmrl.algos.offpolicy.wsrl`); the demonstrations are
 drawn again (seeded) on resume (with interventions, the BC data and the count are saved with the state, as the

@@ -48,7 +48,7 @@ taken over with probability p after the policy's first ``intervention_after`` de
 (flagged), so they enter the replay buffer like every executed decision and, with ``bc_data: demonstrations``, the
 base's BC data too. Their env steps are real steps of the same episodes, so ``eval/real_env_steps`` counts them.
 Metrics ``expo/intervened_episode_frac``, ``expo/intervened_decisions``. When the human intervenes is INFERRED (a
-fixed decision index).
+fixed decision index, or the first stall from it on with ``intervention_trigger: stall``).
 """
 
 from __future__ import annotations
