@@ -289,8 +289,8 @@ def rows_of(out):
             for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("variant", [[], ["algo.extra.expo_ft.interventions=0.5", "algo.extra.expo_ft.bc_data=demonstrations"]],
-                         ids=["recipe", "interventions"])
+@pytest.mark.parametrize("variant", [["algo.extra.expo_ft.bc_data=buffer"], ["algo.extra.expo_ft.interventions=0.5"]],
+                         ids=["buffer_bc", "interventions"])
 def test_expo_ft_acts_through_the_selection_and_resumes_exactly(tmp_path, variant):
     full = tmp_path / "full"
     trainer = Trainer(load_config(RECIPE, [*TINY, *variant, "trainer.steps=4"]), full)
@@ -324,7 +324,7 @@ def test_offline_phase_fits_the_critic_climbs_q_with_the_edits_and_imitates(tmp_
     gain 1e-4 → 0.015, BC loss 1.26 → 0.09; 9 s)."""
     def trainer_after(steps: int) -> Trainer:
         overrides = [*TINY, "algo.extra.expo_ft.offline_demos=16", f"algo.extra.expo_ft.offline_steps={steps}",
-                     "algo.extra.expo_ft.batch_size=64", "trainer.lr=1e-3"]
+                     "algo.extra.expo_ft.batch_size=64", "trainer.lr=1e-3", "algo.extra.expo_ft.bc_data=buffer"]
         return Trainer(load_config(RECIPE, overrides), tmp_path / f"offline_{steps}")
 
     start, trained = trainer_after(0), trainer_after(150)
