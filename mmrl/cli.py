@@ -285,6 +285,7 @@ def list_components() -> str:
     from mmrl.algos import (ADVANTAGE_ESTIMATORS, AGGREGATIONS, GAUSSIAN_KL_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES,
                             SHAPING_HOOKS)
     from mmrl.algos.hooks import LOSS_HOOKS, ROLLOUT_HOOKS
+    from mmrl.algos.offpolicy import OFFPOLICY_LEARNERS
     from mmrl.algos.variants import LOSS_TERMS, PROMPT_SELECTORS, REHEARSAL_DIVERGENCES, ROLLOUT_STRATEGIES
     from mmrl.core.config import list_recipes
     from mmrl.core.paths import recipes_dir
@@ -301,6 +302,7 @@ def list_components() -> str:
                 ("shaping hooks", SHAPING_HOOKS.names()), ("rollout strategies", ROLLOUT_STRATEGIES.names()),
                 ("rehearsal divergences", REHEARSAL_DIVERGENCES.names()), ("loss terms", LOSS_TERMS.names()),
                 ("rollout hooks", ROLLOUT_HOOKS.names()), ("loss hooks", LOSS_HOOKS.names()),
+                ("off-policy learners  (algo.offpolicy)", OFFPOLICY_LEARNERS.names()),
                 ("prompt selections", ["uniform", *PROMPT_SELECTORS.names()]),
                 ("extrapolation", [f"{m}  (mmrl extrapolate --method {m})" for m in EXTRAPOLATION_METHODS]
                  + ["logits  (mmrl eval --extrapolate-logits ALPHA --base BASE)"]),

@@ -26,7 +26,7 @@ def test_list_shows_every_registry(capsys):
     for name in ("grpo", "rloo", "reinforce_pp", "gae", "ppo_clip", "gspo",
                  "seq-mean-token-sum-norm", "low_var_kl", "adv_clip", "sanity/tiny_cpu", "sanity/ppo_tiny_cpu",
                  "pacs", "frpo", "polychromic", "rw_sft", "weighted_grpo", "none", "rorecomp", "rollout_bandit",
-                 "erpo_reactivate", "erpo_full", "hard_focus"):
+                 "erpo_reactivate", "erpo_full", "hard_focus", "wsrl", "co_rft", "conrft", "expo_ft", "dsrl"):
         assert f"  {name}\n" in text, name
     for name in ("sanity/reverse-v0", "causal_lm"):  # tasks and policies say where they come from
         assert re.search(rf"^  {re.escape(name)} +built-in$", text, re.MULTILINE), name
