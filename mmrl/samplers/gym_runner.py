@@ -36,6 +36,7 @@ class EpisodeSummary:
     success: bool
     episode_return: float  # Σ_t r_t (for potential-based rewards: Φ(s_T) − Φ(s_0))
     length: int  # env steps taken
+    task: str = ""  # the env's reset ``info["task"]`` where it has one (a multi-task suite draws it per reset)
 
 
 @dataclass
@@ -141,7 +142,8 @@ class GymRunner:
                    stall_window: int | None = None) -> EpisodeBatch:
         env = self.vector_env(env_ids)
         n = len(env_ids)
-        obs, _ = env.reset(seed=[int(s) for s in seeds])
+        obs, reset_info = env.reset(seed=[int(s) for s in seeds])
+        tasks = episode_tasks(reset_info, n)
         instructions = [str(x) for x in obs["instruction"]]
         active = np.ones(n, dtype=bool)
         returns, lengths, success = np.zeros(n), np.zeros(n, dtype=int), np.zeros(n, dtype=bool)
@@ -200,8 +202,8 @@ class GymRunner:
         t = len(masks)
         if active.any():  # the decision budget ran out before the env's own time limit
             dones[-1][active] = 1.0
-        summaries = [EpisodeSummary(env_ids[i], int(seeds[i]), bool(success[i]), float(returns[i]), int(lengths[i]))
-                     for i in range(n)]
+        summaries = [EpisodeSummary(env_ids[i], int(seeds[i]), bool(success[i]), float(returns[i]), int(lengths[i]),
+                                    tasks[i]) for i in range(n)]
         stack = lambda xs: np.stack(xs, axis=1)  # noqa: E731  T × [N, ...] → [N, T, ...]
         return EpisodeBatch(
             images=stack(images), proprio=stack(proprio), instructions=instructions,
@@ -210,6 +212,14 @@ class GymRunner:
             chunk_rewards=stack(in_chunk) if t else np.zeros((n, 0, chunk), dtype=np.float32),
             intervened=None if takeover is None else stack(intervened) if t else np.zeros((n, 0), dtype=np.float32),
             expert_actions=None if takeover is None or not t else stack(expert_chunks))
+
+
+def episode_tasks(reset_info: dict, n: int) -> list[str]:
+    """Each sub-env's ``info["task"]`` from a vector env's reset, "" where it reported none."""
+    if "task" not in reset_info:
+        return [""] * n
+    present = reset_info.get("_task", np.ones(n, dtype=bool))
+    return [str(reset_info["task"][i]) if present[i] else "" for i in range(n)]
 
 
 def concat_batches(parts: Sequence[EpisodeBatch]) -> EpisodeBatch:

@@ -99,11 +99,18 @@ def episode_reward(example: EpisodeExample, output: object) -> RewardResult:
 
 
 def episode_metrics(outputs: Sequence[object], results: Sequence[RewardResult]) -> dict[str, float]:
-    """``success_rate``, ``return_mean`` and ``length_mean`` (0 when no output was an episode)."""
+    """``success_rate``, ``return_mean`` and ``length_mean`` (0 when no output was an episode); when the episodes
+    came from more than one task of a suite (``robot/metaworld-mt10-v0``), ``success_rate/<task>`` for each."""
     lengths = [o.length for o in outputs if isinstance(o, EpisodeSummary)]
-    return {"success_rate": float(np.mean([r.components["success"] for r in results])),
-            "return_mean": float(np.mean([r.components["return"] for r in results])),
-            "length_mean": float(np.mean(lengths)) if lengths else 0.0}
+    metrics = {"success_rate": float(np.mean([r.components["success"] for r in results])),
+               "return_mean": float(np.mean([r.components["return"] for r in results])),
+               "length_mean": float(np.mean(lengths)) if lengths else 0.0}
+    tasks = [o.task if isinstance(o, EpisodeSummary) else "" for o in outputs]
+    if len({t for t in tasks if t}) > 1:
+        for task in sorted({t for t in tasks if t}):
+            metrics[f"success_rate/{task}"] = float(np.mean([r.components["success"]
+                                                             for t, r in zip(tasks, results) if t == task]))
+    return metrics
 
 
 def demonstrate(env: gymnasium.Env, seed: int, noise: float) -> Demonstration:

@@ -178,6 +178,31 @@ def test_demonstrations_and_a_token_vla_episode_through_the_task():
     assert -1.0 <= result.score <= 2.0 and result.components["success"] in (0.0, 1.0)
 
 
+def test_a_suite_reports_success_per_task():
+    """MT10 episodes carry the task their reset drew, and the task's metrics break success down by it."""
+    task = make_task("robot/metaworld-mt10-v0", MetaWorldTaskConfig(train_seeds=50))
+    examples = task.sample_batch("test", 6, np.random.default_rng(0))
+    policy = make_policy("vla", {"action_dims": 4, "image_size": 64, "max_decisions": 2, "num_envs": 3})
+    rollout = policy.rollout(examples, 1, SamplingParams(temperature=1.0, max_new_tokens=2), seed=0)
+    drawn = []
+    for example in examples:
+        env = gymnasium.make(example.env_id)
+        drawn.append(env.reset(seed=example.seed)[1]["task"])
+        env.close()
+    assert [o.task for o in rollout.outputs] == drawn and len(set(drawn)) > 1
+    results = [task.reward(e, o) for e, o in zip(examples, rollout.outputs)]
+    solved = rollout.outputs[0]
+    outputs = [EpisodeSummary(solved.env_id, solved.seed, True, 1.5, 3, solved.task), *rollout.outputs[1:]]
+    results = [task.reward(examples[0], outputs[0]), *results[1:]]
+    metrics = task.metrics(examples, outputs, results)
+    per_task = {k.removeprefix("success_rate/"): v for k, v in metrics.items() if k.startswith("success_rate/")}
+    assert set(per_task) == set(drawn)
+    assert per_task[solved.task] == pytest.approx(1 / drawn.count(solved.task))
+    assert metrics["success_rate"] == pytest.approx(1 / 6)
+    single = make_task("robot/metaworld-reach-v0", MetaWorldTaskConfig(train_seeds=4))
+    assert not [k for k in single.metrics(examples[:1], outputs[:1], results[:1]) if "/" in k]
+
+
 def test_every_wrapped_task_and_suite_is_a_training_task():
     from mmrl.core.registry import TASKS as TASK_REGISTRY
     wrapped = {f"robot/metaworld-{name.lower()}-v0" for name in (*WRAPPED_TASKS, "MT10", "ML10")}
