@@ -18,10 +18,11 @@ import pytest
 from mmrl.verifiers import VERIFIERS
 
 N_COMPLETIONS = 10_000
-FUZZ_BUDGET_S = 10.0
-"""CPU seconds (``time.process_time``: other jobs on a shared machine do not count) for the whole fuzz of
-one verifier. Measured on a shared 2-core machine: math 7.1 s (``math_verify``'s parser and sympy), the
-others 0.04–1.6 s."""
+FUZZ_BUDGET_S = 30.0
+"""CPU seconds (``time.process_time``) for the whole fuzz of one verifier: a guard against a pathological
+input (a regex or parser that blows up), not a speed target (those live in ``bench/``). Measured on a 2-core
+machine: math 7.1 s quiet and 10.6–10.7 s with three other jobs running (process time grows under load too),
+json_f1 2.1 s, the others 0.05–0.8 s."""
 CALL_BUDGET_S = 0.5
 """CPU seconds for one call on a 100k-character input. Measured: ≤ 50 ms."""
 
