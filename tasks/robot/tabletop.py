@@ -106,10 +106,10 @@ def episode_metrics(outputs: Sequence[object], results: Sequence[RewardResult]) 
                "return_mean": float(np.mean([r.components["return"] for r in results])),
                "length_mean": float(np.mean(lengths)) if lengths else 0.0}
     tasks = [o.task if isinstance(o, EpisodeSummary) else "" for o in outputs]
-    if len({t for t in tasks if t}) > 1:
-        for task in sorted({t for t in tasks if t}):
-            metrics[f"success_rate/{task}"] = float(np.mean([r.components["success"]
-                                                             for t, r in zip(tasks, results) if t == task]))
+    names = sorted({t for t in tasks if t})
+    for name in names if len(names) > 1 else ():
+        metrics[f"success_rate/{name}"] = float(np.mean([r.components["success"]
+                                                         for t, r in zip(tasks, results) if t == name]))
     return metrics
 
 
