@@ -222,7 +222,8 @@ def test_ppo_and_grpo_train_end_to_end(tmp_path, recipe, extra):
     assert (tmp_path / "run" / "checkpoints").is_dir()
 
 
-@pytest.mark.parametrize("recipe", ["metaworld/vla_vlm_tiny_cpu", "metaworld/qwen2_5_vl_3b_gpu",
+@pytest.mark.parametrize("recipe", ["metaworld/vla_vlm_tiny_cpu", "metaworld/vla_vlm_grpo_tiny_cpu",
+                                    "metaworld/qwen2_5_vl_3b_gpu",
                                     "vla_reach/vla_vlm_tiny_cpu", "vla_reach/vla_vlm_grpo_tiny_cpu"])
 def test_recipes_validate(recipe):
     cfg = load_config(recipe)
