@@ -36,6 +36,9 @@ KEY_FIELDS_WHEN_ON = {"vision_steps": ("vision_steps", "vision_lr"), "init_from"
 POLICY_ARGS_ADDED_LATER = ("video", "share_prompts_under_checkpointing", "squash", "consistency_levels",
                            "consistency_steps", "consistency_width", "context_smoothing", "timestep_policy", "flow_steps",
                            "flow_width")
+# Policy args that only act in RL (the warm start never reads them): never part of the cache key, so
+# changing them reuses the same warm start.
+POLICY_ARGS_RL_ONLY = ("value_stop_gradient",)
 TASK_ARGS_ADDED_LATER = {"driving/rift-v0": ("reward", "rlftsim"),
                          "data/rows-v0": ("tools", "tool_result_template", "tool_reference", "answer_prefix_fraction")}
 
@@ -61,6 +64,8 @@ def warm_start_key(cfg: TrainConfig) -> str:
                 del ws[name]
     task = _without_later_defaults(cfg.task, TASK_ARGS_ADDED_LATER.get(cfg.task.name, ()))
     policy = _without_later_defaults(cfg.policy, POLICY_ARGS_ADDED_LATER)
+    for name in POLICY_ARGS_RL_ONLY:
+        policy.get("args", {}).pop(name, None)
     return json.dumps({"task": task, "policy": policy, "warm_start": ws}, sort_keys=True)
 
 

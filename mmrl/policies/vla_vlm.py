@@ -94,6 +94,10 @@ class VLAVLMConfig:
     """Critic on the last hidden state before the action tokens (PPO with GAE)."""
     value_hidden: int = 256
     """Width of the value head's hidden layer (hidden → value_hidden → GELU → 1)."""
+    value_stop_gradient: bool = False
+    """The value loss trains the value head only: the head reads the backbone's hidden state through a
+    stop-gradient, so the backbone learns from the policy loss alone (a separate critic on shared features).
+    False: RL4VLA's shared actor-critic, where the critic's loss also moves the backbone."""
     max_decisions: int = 50
     """Decisions per episode at most (the env's time limit usually ends it first)."""
     num_envs: int = 16
@@ -326,6 +330,8 @@ class VLAVLMPolicy(Policy):
 
     def state_value(self, hidden: Tensor) -> Tensor:
         """V(s) [B] from the hidden state before the first action token [B, D]."""
+        if self.cfg.value_stop_gradient:
+            hidden = hidden.detach()
         return self.value(hidden.float()).squeeze(-1).float()
 
     def env_actions(self, bins: Tensor) -> np.ndarray:

@@ -14,6 +14,7 @@ from mmrl.core.config import ConfigError, load_config
 from mmrl.core.registry import make_policy, make_task
 from mmrl.core.rollout import Rollout, SamplingParams
 from mmrl.core.trainer import train
+from mmrl.core.warm_start import warm_start_key
 from mmrl.policies.vla import detokenize_actions, tokenize_actions
 from mmrl.policies.vla_vlm import VLAVLMPayload, action_token_ids
 from mmrl.tasks.robot import Demonstration
@@ -122,6 +123,21 @@ def test_value_head_reads_the_state_before_the_actions_and_trains_the_backbone(p
     policy.zero_grad(set_to_none=True)
     assert make_policy("vla_vlm", {**SMALL, "value_head": False}).rollout(
         reach_examples(1), 1, SamplingParams(1.0), seed=0).values is None
+
+
+def test_a_stop_gradient_critic_trains_only_its_head_and_keeps_the_warm_start(rollout):
+    policy = vla_vlm(chunk=2, value_stop_gradient=True)
+    out = policy(rollout)
+    assert torch.allclose(out.values, vla_vlm(chunk=2)(rollout).values)  # the same critic, read the same way
+    out.values.sum().backward()
+    grads = {n for n, p in policy.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
+    assert grads and all(n.startswith("value.") for n in grads)
+    out.logp.sum().backward()  # the policy loss still trains the backbone
+    assert any(".visual." in n for n, p in policy.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0)
+    # RL-only: the BC warm start does not read it, so both settings share one cached warm start
+    recipe = "metaworld/vla_vlm_tiny_cpu"
+    assert warm_start_key(load_config(recipe)) == warm_start_key(
+        load_config(recipe, ["policy.args.value_stop_gradient=true"]))
 
 
 def test_payload_select_and_concat(policy, rollout):
