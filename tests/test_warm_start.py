@@ -28,6 +28,7 @@ def key_before_vision_pretraining(cfg) -> str:
           if k not in ("vision_steps", "vision_lr", "init_from", "hint_fraction")}
     policy, task = to_dict(cfg.policy), to_dict(cfg.task)
     policy["args"].pop("video", None)  # policy.args.video (VLM) came later too
+    policy["args"].pop("value_stop_gradient", None)  # RL-only (vla_vlm): never in the key
     if policy["args"].get("share_prompts_under_checkpointing") is False:  # and this VLM option, at its default
         del policy["args"]["share_prompts_under_checkpointing"]
     if policy["args"].get("squash") == "none":  # and the VLA's tanh squashing, at its default
