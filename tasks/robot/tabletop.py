@@ -107,9 +107,10 @@ def episode_metrics(outputs: Sequence[object], results: Sequence[RewardResult]) 
                "length_mean": float(np.mean(lengths)) if lengths else 0.0}
     tasks = [o.task if isinstance(o, EpisodeSummary) else "" for o in outputs]
     names = sorted({t for t in tasks if t})
-    for name in names if len(names) > 1 else ():
-        metrics[f"success_rate/{name}"] = float(np.mean([r.components["success"]
-                                                         for t, r in zip(tasks, results) if t == name]))
+    if len(names) > 1:  # a suite's episodes: success per task as well
+        for name in names:
+            metrics[f"success_rate/{name}"] = float(np.mean([r.components["success"]
+                                                             for t, r in zip(tasks, results) if t == name]))
     return metrics
 
 
