@@ -15,7 +15,10 @@ the same run mean anything), medians over rounds; random actions, reset at the e
 - ``metaworld step + render()``: ``gymnasium.make("Meta-World/MT1", render_mode="rgb_array")``
   with Meta-World's defaults (4096 shadow map, 4x multisampling), ``render()`` every step.
 - ``mmrl env``: ``gymnasium.make("mmrl/MetaWorld-<Task>-v0")``: Meta-World's step plus our
-  :class:`~mmrl.envs.robot.rendering.SceneRenderer` frame in every observation.
+  :class:`~mmrl.envs.robot.rendering.SceneRenderer` frame in every observation, with the task
+  module's ``Rotation`` pointed at :class:`~mmrl.envs.metaworld.env.MatrixQuaternion` (the same
+  observation, a faster quaternion). The two Meta-World rows run with scipy's ``Rotation`` put back,
+  as Meta-World ships.
 
 The issue's goals: ``mmrl env`` ≥ 10× Meta-World's render path and ≥ 0.9× the bare loop with a frame.
 """
@@ -23,10 +26,12 @@ The issue's goals: ``mmrl env`` ≥ 10× Meta-World's render path and ≥ 0.9× 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import gymnasium
 import numpy as np
@@ -91,6 +96,22 @@ def env_loop(env: gymnasium.Env, steps: int, render: bool) -> float:
     return steps / (time.perf_counter() - start)
 
 
+@contextlib.contextmanager
+def scipy_rotation(module) -> Iterator[None]:
+    """Meta-World's task module as shipped (scipy's ``Rotation``) for the duration."""
+    from scipy.spatial.transform import Rotation
+
+    ours = getattr(module, "Rotation", None)
+    if ours is None:
+        yield
+        return
+    module.Rotation = Rotation
+    try:
+        yield
+    finally:
+        module.Rotation = ours
+
+
 def metaworld_env(task: str, size: int | None, camera: str) -> gymnasium.Env:
     """Meta-World's own MT1 env (its defaults: shadows and multisampling on); ``size``: rgb_array rendering."""
     import_metaworld()
@@ -113,11 +134,19 @@ def main() -> None:
     ours = gymnasium.make(metaworld_env_id(task), image_size=size, camera=args.camera, disable_env_checker=True)
     theirs = metaworld_env(task, size, args.camera)
     theirs_plain = metaworld_env(task, None, args.camera)
+    task_module = sys.modules[type(ours.unwrapped.sim).__module__]
+
+    def as_shipped(measure: Callable[[], float]) -> Callable[[], float]:
+        def run() -> float:
+            with scipy_rotation(task_module):
+                return measure()
+        return run
+
     measurements: dict[str, Callable[[], float]] = {
         "bare physics": lambda: bare_loop(task, steps, None, args.camera),
         "bare + mujoco.Renderer": lambda: bare_loop(task, steps, size, args.camera),
-        "metaworld step": lambda: env_loop(theirs_plain, steps, render=False),
-        "metaworld step + render()": lambda: env_loop(theirs, args.render_steps, render=True),
+        "metaworld step": as_shipped(lambda: env_loop(theirs_plain, steps, render=False)),
+        "metaworld step + render()": as_shipped(lambda: env_loop(theirs, args.render_steps, render=True)),
         "mmrl env": lambda: env_loop(ours, steps, render=False),  # the frame is in every observation
     }
     runs: dict[str, list[float]] = {}

@@ -22,7 +22,7 @@ from mmrl.core.rollout import SamplingParams  # noqa: E402
 from mmrl.envs.metaworld import (ENV_IDS, ML10_TEST_TASKS, ML10_TRAIN_TASKS, MT10_TASKS, TEMPLATES,  # noqa: E402
                                  metaworld_env_id)
 from mmrl.envs.metaworld import TASKS as WRAPPED_TASKS  # noqa: E402
-from mmrl.envs.metaworld.env import MetaWorldEnv  # noqa: E402
+from mmrl.envs.metaworld.env import MatrixQuaternion, MetaWorldEnv  # noqa: E402
 from mmrl.samplers.gym_runner import EpisodeSummary  # noqa: E402
 from mmrl.tasks.robot import EpisodeExample, MetaWorldTaskConfig  # noqa: E402
 from mmrl.tasks.robot.tabletop import TEST_SEED_OFFSET  # noqa: E402
@@ -161,6 +161,34 @@ def test_frames_come_from_our_renderer_at_the_requested_size_and_camera():
     assert not np.array_equal(obs["image"], top["image"])
     sim = corner.unwrapped.sim
     assert sim.model.vis.quality.shadowsize == 0 and sim.model.vis.quality.offsamples == 0
+
+
+def test_fast_quaternions_are_scipys_and_leave_the_observation_unchanged(monkeypatch):
+    from scipy.spatial.transform import Rotation
+
+    matrices = [*Rotation.random(500, random_state=0).as_matrix(), np.eye(3), np.diag([1.0, -1, -1]),
+                np.diag([-1.0, 1, -1]), np.diag([-1.0, -1, 1]), np.array([[0.0, 1, 0], [1, 0, 0], [0, 0, -1]])]
+    for m in matrices:  # the sign too: scipy's branch picks which component is non-negative
+        np.testing.assert_allclose(MatrixQuaternion.from_matrix(m).as_quat(), Rotation.from_matrix(m).as_quat(),
+                                   rtol=0, atol=1e-12)
+    with pytest.raises(AttributeError):
+        MatrixQuaternion.from_euler("xyz", [0.0, 0.0, 0.0])
+
+    env = MetaWorldEnv("door-open")  # its observation holds the handle's quaternion, from Rotation
+    module = sys.modules[type(env.sim).__module__]
+    assert module.Rotation is MatrixQuaternion
+    expert_obs = []
+    for rotation in (MatrixQuaternion, Rotation):
+        monkeypatch.setattr(module, "Rotation", rotation)
+        env.reset(seed=3)
+        observed = [env._flat_obs.copy()]
+        for _ in range(40):
+            env.step(env.expert_action())
+            observed.append(env._flat_obs.copy())
+        expert_obs.append(np.array(observed))
+    fast, scipy_obs = expert_obs
+    assert np.abs(fast[:, 7:11]).sum() > 0  # the quaternion slots are filled
+    np.testing.assert_allclose(fast, scipy_obs, rtol=0, atol=1e-12)
 
 
 def test_demonstrations_and_a_token_vla_episode_through_the_task():
