@@ -49,10 +49,9 @@ def random_actions(steps: int) -> np.ndarray:
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 """``cpu``: this process's CPU seconds (all its threads, the software renderer's included), which
 other jobs on a shared machine disturb far less than wall-clock seconds."""
-clock = CLOCKS["wall"]
 
 
-def bare_loop(task: str, steps: int, size: int | None, camera: str) -> float:
+def bare_loop(task: str, steps: int, size: int | None, camera: str, clock: Callable[[], float]) -> float:
     """mj_step × frame_skip after a mocap move, on a fresh MjData of Meta-World's model; ``size``: also
     draw a frame per step with ``mujoco.Renderer`` (None: physics only)."""
     sim = build_simulator(task)  # shadows, multisampling and reflections off in its model
@@ -84,7 +83,7 @@ def bare_loop(task: str, steps: int, size: int | None, camera: str) -> float:
     return rate
 
 
-def env_loop(env: gymnasium.Env, steps: int, render: bool) -> float:
+def env_loop(env: gymnasium.Env, steps: int, render: bool, clock: Callable[[], float]) -> float:
     """Steps/s of ``env`` with random actions, resetting every 100 steps; ``render``: call ``render()``
     after making Meta-World's GL context current (gymnasium's viewer assumes no other context exists:
     without this, its frames are drawn into whichever context was current last)."""
@@ -138,7 +137,6 @@ def main() -> None:
                         help="wall-clock seconds, or this process's CPU seconds (steadier on a shared machine)")
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args()
-    global clock
     clock = CLOCKS[args.clock]
     size, task, steps = args.image_size, args.task, args.steps
     ours = gymnasium.make(metaworld_env_id(task), image_size=size, camera=args.camera, disable_env_checker=True)
@@ -153,11 +151,11 @@ def main() -> None:
         return run
 
     measurements: dict[str, Callable[[], float]] = {
-        "bare physics": lambda: bare_loop(task, steps, None, args.camera),
-        "bare + mujoco.Renderer": lambda: bare_loop(task, steps, size, args.camera),
-        "metaworld step": as_shipped(lambda: env_loop(theirs_plain, steps, render=False)),
-        "metaworld step + render()": as_shipped(lambda: env_loop(theirs, args.render_steps, render=True)),
-        "mmrl env": lambda: env_loop(ours, steps, render=False),  # the frame is in every observation
+        "bare physics": lambda: bare_loop(task, steps, None, args.camera, clock),
+        "bare + mujoco.Renderer": lambda: bare_loop(task, steps, size, args.camera, clock),
+        "metaworld step": as_shipped(lambda: env_loop(theirs_plain, steps, False, clock)),
+        "metaworld step + render()": as_shipped(lambda: env_loop(theirs, args.render_steps, True, clock)),
+        "mmrl env": lambda: env_loop(ours, steps, False, clock),  # the frame is in every observation
     }
     runs: dict[str, list[float]] = {}
     for _ in range(args.rounds):
