@@ -7,7 +7,8 @@ Measured in one process, interleaved round by round with the order turned by one
 machine is shared: only ratios taken in the same run mean anything), medians over rounds; random
 actions, a new episode every 100 steps. The cost of a frame depends on what is in it, so every loop
 with a frame draws the same scenes: the bare loops start each episode from the physics state the
-mmrl env's own reset reached (``mj_setState``), and follow the same actions.
+mmrl env's own reset reached (``mj_setState``), and follow the same actions (the bench raises if
+their final states differ).
 
 - ``bare physics``: Meta-World's model (same MJCF, same ``frame_skip`` 5) stepped with
   ``mujoco.mj_step`` after moving the mocap hand as Meta-World does: no reset, reward or observation.
@@ -87,8 +88,12 @@ def frame_renderer(model: Any, size: int) -> Any:
     return renderer
 
 
+Timing = tuple[float, np.ndarray]
+"""Steps/s, and the final ``qpos`` (to check that loops meant to visit the same states did)."""
+
+
 def bare_loop(task: str, starts: list[np.ndarray], steps: int, size: int | None, camera: str,
-              clock: Callable[[], float]) -> float:
+              clock: Callable[[], float]) -> Timing:
     """mj_step × frame_skip after a mocap move, as Meta-World moves it, on a fresh MjData of Meta-World's
     model put in ``starts[i]`` at the start of episode i (no reset, no reward, no observation); ``size``:
     also draw a frame per step with ``mujoco.Renderer`` (None: physics only)."""
@@ -112,11 +117,11 @@ def bare_loop(task: str, starts: list[np.ndarray], steps: int, size: int | None,
     if renderer is not None:
         renderer.close()
     sim.close()
-    return rate
+    return rate, data.qpos.copy()
 
 
 def metaworld_frame_loop(task: str, starts: list[np.ndarray], steps: int, size: int, camera: str,
-                         clock: Callable[[], float]) -> float:
+                         clock: Callable[[], float]) -> Timing:
     """Meta-World's ``reset()`` and ``step()`` (as the mmrl env runs them: our model settings and
     quaternion) plus a ``mujoco.Renderer`` frame per step; after each reset the physics is put in
     ``starts[i]``, so the frames are the mmrl env's."""
@@ -136,10 +141,10 @@ def metaworld_frame_loop(task: str, starts: list[np.ndarray], steps: int, size: 
     rate = steps / (clock() - start)
     renderer.close()
     sim.close()
-    return rate
+    return rate, sim.data.qpos.copy()
 
 
-def env_loop(env: gymnasium.Env, steps: int, render: bool, clock: Callable[[], float]) -> float:
+def env_loop(env: gymnasium.Env, steps: int, render: bool, clock: Callable[[], float]) -> Timing:
     """Steps/s of ``env`` with random actions, resetting every ``EPISODE`` steps; ``render``: call ``render()``
     after making Meta-World's GL context current (gymnasium's viewer assumes no other context exists:
     without this, its frames are drawn into whichever context was current last)."""
@@ -154,7 +159,8 @@ def env_loop(env: gymnasium.Env, steps: int, render: bool, clock: Callable[[], f
             viewer.make_context_current()
             frame = env.render()
             assert frame.shape[-1] == 3 and frame.std() > 1, "Meta-World's render() drew nothing"
-    return steps / (clock() - start)
+    rate = steps / (clock() - start)
+    return rate, getattr(env.unwrapped, "sim", env.unwrapped).data.qpos.copy()  # mmrl: .sim; Meta-World: itself
 
 
 @contextlib.contextmanager
@@ -201,13 +207,13 @@ def main() -> None:
     task_module = sys.modules[type(ours.unwrapped.sim).__module__]
     starts = episode_starts(ours, steps)
 
-    def as_shipped(measure: Callable[[], float]) -> Callable[[], float]:
-        def run() -> float:
+    def as_shipped(measure: Callable[[], Timing]) -> Callable[[], Timing]:
+        def run() -> Timing:
             with scipy_rotation(task_module):
                 return measure()
         return run
 
-    measurements: dict[str, Callable[[], float]] = {
+    measurements: dict[str, Callable[[], Timing]] = {
         "bare physics": lambda: bare_loop(task, starts, steps, None, args.camera, clock),
         "bare + mujoco.Renderer": lambda: bare_loop(task, starts, steps, size, args.camera, clock),
         "metaworld step": as_shipped(lambda: env_loop(theirs_plain, steps, False, clock)),
@@ -216,10 +222,17 @@ def main() -> None:
         "mmrl env": lambda: env_loop(ours, steps, False, clock),  # the frame is in every observation
     }
     runs: dict[str, list[float]] = {name: [] for name in measurements}
+    finals: dict[str, np.ndarray] = {}
     names = list(measurements)
     for r in range(args.rounds):  # the order turns by one each round: what ran just before a row
         for name in names[r % len(names):] + names[:r % len(names)]:  # (the slow GL path) varies
-            runs[name].append(measurements[name]())
+            rate, finals[name] = measurements[name]()
+            runs[name].append(rate)
+    same_scenes = ("bare physics", "bare + mujoco.Renderer", "metaworld step + mujoco.Renderer", "mmrl env")
+    for name in same_scenes[1:]:  # the comparison is fair only if the loops drew the same episodes
+        gap = float(np.abs(finals[name] - finals[same_scenes[0]]).max())
+        if gap > 1e-6:
+            raise RuntimeError(f"{name!r} ended {gap:.2g} away from {same_scenes[0]!r}: the loops left the same episodes")
     medians = {k: statistics.median(v) for k, v in runs.items()}
 
     def ratio(name: str, base: str) -> float:  # median over rounds of same-round ratios
