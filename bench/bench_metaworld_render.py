@@ -138,10 +138,10 @@ def metaworld_frame_loop(task: str, starts: list[np.ndarray], steps: int, size: 
         sim.step(a)
         renderer.update_scene(sim.data, camera_id)
         renderer.render()
-    rate = steps / (clock() - start)
+    rate, final = steps / (clock() - start), sim.data.qpos.copy()
     renderer.close()
     sim.close()
-    return rate, sim.data.qpos.copy()
+    return rate, final
 
 
 def env_loop(env: gymnasium.Env, steps: int, render: bool, clock: Callable[[], float]) -> Timing:
@@ -224,8 +224,8 @@ def main() -> None:
     runs: dict[str, list[float]] = {name: [] for name in measurements}
     finals: dict[str, np.ndarray] = {}
     names = list(measurements)
-    for r in range(args.rounds):  # the order turns by one each round: what ran just before a row
-        for name in names[r % len(names):] + names[:r % len(names)]:  # (the slow GL path) varies
+    for r in range(args.rounds):  # the order turns by one each round: no row always follows the same one
+        for name in names[r % len(names):] + names[:r % len(names)]:
             rate, finals[name] = measurements[name]()
             runs[name].append(rate)
     same_scenes = ("bare physics", "bare + mujoco.Renderer", "metaworld step + mujoco.Renderer", "mmrl env")
