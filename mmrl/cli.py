@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -276,6 +277,10 @@ def summarize(out: Path) -> str:
         verdict = "no value" if value is None else "inside" if low <= value <= high else "OUTSIDE"
         lines.append(f"  {key} {show(value)}: {verdict} the documented range {low:g}-{high:g} "
                      f"(seeds and thread counts, docs/results.md)")
+    best = out / "checkpoints" / "best" / "best.json"
+    if best.is_file():
+        record = json.loads(best.read_text())
+        lines.append(f"best {record['metric']} {show(record['value'])} at step {record['step']}: {best.parent}")
     return "\n".join(lines)
 
 

@@ -4,6 +4,7 @@ errors in one line with exit code 2, before touching the run folder."""
 from __future__ import annotations
 
 import os
+import json
 import re
 import runpy
 import subprocess
@@ -61,6 +62,15 @@ def test_the_summary_checks_the_last_evaluation_against_the_documented_range(tmp
     assert re.search(r"eval/exact_match \d\.\d{3}: OUTSIDE the documented range 2-3", out)
     assert main(["train", "sanity/tiny_cpu", "--out", str(tmp_path / "bad"), "log.expected={eval/x: [1, 0]}"]) == 2
     assert "log.expected.eval/x must be [low, high] with low <= high" in capsys.readouterr().err
+
+
+def test_the_summary_names_the_best_checkpoint(tmp_path, capsys):
+    out = tmp_path / "r"
+    assert main(["train", "sanity/tiny_cpu", "--out", str(out), *QUIET, *TINY, "--no-plot",
+                 "checkpoint.best_metric=eval/position_acc"]) == 0
+    record = json.loads((out / "checkpoints" / "best" / "best.json").read_text())
+    assert (f"best eval/position_acc {record['value']:.3f} at step {record['step']}: {out / 'checkpoints' / 'best'}"
+            in capsys.readouterr().out)
 
 
 def test_domain_script_runs_the_same_training(tmp_path, monkeypatch, capsys):

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from mmrl.core.config import load_config
+from mmrl.core.checkpoint import drop_best_after, is_better
+from mmrl.core.config import ConfigError, load_config
 from mmrl.experiments.plotting import plot_run
 from mmrl.core.registry import TASKS, register_task
 from mmrl.tasks.sanity import ReverseConfig, ReverseTask
@@ -92,6 +93,69 @@ def test_seeded_runs_are_identical(tmp_path):
     c = run(tmp_path / "c", *SHORT, "trainer.seed=1")
     assert c[1]["reward/mean"] != a[1]["reward/mean"]
 
+
+
+# -- the best checkpoint (checkpoint.best_metric) --------------------------------------------------
+BEST = [*SHORT, "trainer.steps=4", "eval.every=1", "checkpoint.every=1", "checkpoint.keep_last=0"]
+
+
+def best_record(out):
+    return json.loads((out / "checkpoints" / "best" / "best.json").read_text())
+
+
+@pytest.mark.parametrize("mode", ["max", "min"])
+def test_best_checkpoint_is_the_first_best_evaluation(tmp_path, mode):
+    """checkpoints/best holds the policy of the first evaluation with the best value (the warm start's at step 0
+    included), byte for byte that step's checkpointed policy, with the run's config and best.json."""
+    out = tmp_path / "run"
+    rows = run(out, *BEST, "checkpoint.best_metric=eval/reward_mean", f"checkpoint.best_mode={mode}")
+    values = [(r["eval/reward_mean"], r["step"]) for r in rows if "eval/reward_mean" in r]
+    assert len(values) == 5 and len({v for v, _ in values}) > 1  # the choice is not trivial
+    pick = max if mode == "max" else min
+    best = pick(v for v, _ in values)
+    step = min(s for v, s in values if v == best)
+    assert best_record(out) == {"step": step, "metric": "eval/reward_mean", "value": best}
+    folder = out / "checkpoints" / "best"
+    assert load_config(str(folder / "config.yaml")) == load_config(str(out / "config.yaml"))
+    if step > 0:
+        saved = out / "checkpoints" / f"step_{step}" / "policy"
+        names = sorted(p.name for p in saved.iterdir())
+        assert names and sorted(p.name for p in folder.iterdir()) == sorted([*names, "config.yaml", "best.json"])
+        assert all((saved / n).read_bytes() == (folder / n).read_bytes() for n in names)
+    if mode == "max":
+        assert step > 0  # the sanity task learns within 4 steps: RL beat its warm start here
+
+
+def test_best_checkpoint_survives_resume(tmp_path):
+    """A run stopped at step 2 and resumed to step 4 keeps the same best as one run straight to 4 (the best so
+    far travels in the checkpoint; a best written after the checkpoint resumed from is dropped and replayed)."""
+    straight = tmp_path / "straight"
+    run(straight, *BEST, "checkpoint.best_metric=eval/reward_mean")
+    parted = tmp_path / "parted"
+    run(parted, *BEST, "trainer.steps=2", "checkpoint.best_metric=eval/reward_mean")
+    cfg = load_config("sanity/tiny_cpu", [*QUIET, *BEST, "checkpoint.best_metric=eval/reward_mean"])
+    Trainer(cfg, parted, resume=True).train()
+    assert best_record(parted) == best_record(straight)
+
+
+def test_a_later_best_is_dropped_on_resume_from_an_earlier_step(tmp_path):
+    folder = tmp_path / "checkpoints" / "best"
+    folder.mkdir(parents=True)
+    (folder / "best.json").write_text(json.dumps({"step": 6, "metric": "eval/x", "value": 1.0}))
+    drop_best_after(tmp_path, 6)
+    assert folder.is_dir()  # written at the step resumed from: kept
+    drop_best_after(tmp_path, 4)
+    assert not folder.exists()
+    assert is_better(0.5, None, "max") and is_better(0.6, 0.5, "max") and not is_better(0.5, 0.5, "max")
+    assert is_better(0.4, 0.5, "min") and not is_better(0.5, 0.5, "min")
+
+
+def test_best_metric_the_evaluation_does_not_log_fails_at_step_0(tmp_path):
+    with pytest.raises(ConfigError, match="eval.extra_splits") as err:
+        run(tmp_path / "run", *SHORT, "checkpoint.best_metric=eval/val/reward_mean")
+    assert "eval/reward_mean" in str(err.value)
+    with pytest.raises(ConfigError, match="checkpoint.best_metric must be an evaluation metric"):
+        load_config("sanity/tiny_cpu", ["checkpoint.best_metric=reward/mean"])
 
 # -- robustness ----------------------------------------------------------------------------------
 class NanOnSomeOutputs(ReverseTask):

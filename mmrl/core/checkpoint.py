@@ -4,7 +4,8 @@
 correctly under FSDP/DeepSpeed), ``policy/`` in the ecosystem's format (loads without mmrl), and
 ``trainer_state.json`` (step, data-iterator RNG state, counters, config fingerprint). A checkpoint
 is written to a temporary folder and renamed into place, so a killed run never leaves a partial
-one; ``OUT/checkpoints/latest`` names the newest.
+one; ``OUT/checkpoints/latest`` names the newest. ``OUT/checkpoints/best/`` (``checkpoint.best_metric``) holds
+the policy that scored best on an evaluation metric, with the run's config and ``best.json``.
 
 Each checkpoint also holds ``manifest.json``: the size and SHA-256 of every other file in it, written
 last, before the rename. The checkpoint to resume from (:func:`latest_checkpoint`) is the newest one
@@ -67,6 +68,7 @@ def disk_full_error(err: BaseException, out: Path) -> DiskFullError | None:
 # Fields that may change between a run and its resumption without changing the trajectory.
 # (trainer.steps too, but only under a constant learning rate: a decaying schedule spans the run.)
 RESUMABLE_CHANGES = {("eval", "every"), ("checkpoint", "every"), ("checkpoint", "keep_last"),
+                     ("checkpoint", "best_metric"), ("checkpoint", "best_mode"),
                      ("log", "tensorboard"), ("log", "progress"), ("log", "num_samples"), ("log", "wandb"),
                      ("log", "trackio"), ("log", "expected"), ("trainer", "max_skipped_frac")}
 
@@ -268,3 +270,48 @@ def final_policy(run: Path) -> Path | None:
         return None
     final = json.loads(path.read_text()).get("final_policy")
     return None if final is None else Path(run) / final
+
+
+BEST_DIR = "best"
+BEST_FILE = "best.json"
+
+
+def is_better(value: float, best: float | None, mode: str) -> bool:
+    """Whether ``value`` beats ``best`` (None: nothing yet) under ``mode`` (``max`` | ``min``); a tie does not."""
+    if best is None:
+        return True
+    return value > best if mode == "max" else value < best
+
+
+def save_best(engine: Any, policy: Any, out: Path, cfg: TrainConfig, record: dict[str, Any]) -> None:
+    """Write the policy to ``OUT/checkpoints/best/`` (its ecosystem's format, the run's ``config.yaml`` and
+    ``record`` as ``best.json``), replacing the previous best atomically; all processes."""
+    final = out / "checkpoints" / BEST_DIR
+    tmp = final.with_name(f".{BEST_DIR}.tmp")
+    if engine.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+    with whole_weights_on_main(engine, policy):
+        if engine.is_main:
+            policy.save_pretrained(str(tmp))
+    if engine.is_main:
+        dump_config(cfg, tmp / "config.yaml")
+        (tmp / BEST_FILE).write_text(json.dumps(record, indent=1))
+        old = final.with_name(f".{BEST_DIR}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        if final.exists():
+            os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    engine.wait()
+
+
+def drop_best_after(out: Path, step: int) -> None:
+    """On resume from ``step``: remove a best policy written at a later step (the steps about to be replayed
+    write it again if it is still the best)."""
+    folder = out / "checkpoints" / BEST_DIR
+    try:
+        saved = json.loads((folder / BEST_FILE).read_text())["step"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    if saved > step:
+        shutil.rmtree(folder, ignore_errors=True)

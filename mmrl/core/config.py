@@ -158,6 +158,14 @@ class CheckpointConfig:
     """Save every this many steps (0: only at the end)."""
     keep_last: int = 2
     """Older checkpoints are deleted once a newer one is written (0 keeps all)."""
+    best_metric: str | None = None
+    """Keep the best policy by this evaluation metric, e.g. ``eval/val/success_rate`` (a validation split in
+    ``eval.extra_splits``, so the split results are reported on never picks the checkpoint): every evaluation
+    that beats all earlier ones (the warm start's, at step 0, included; a tie keeps the earlier) writes the
+    policy to ``OUT/checkpoints/best/``, a folder ``--model`` / ``--after`` / ``warm_start.init_from`` load
+    (``best.json``: its step and value). None: off."""
+    best_mode: Literal["max", "min"] = "max"
+    """Whether a larger (``max``) or a smaller (``min``) ``best_metric`` is better."""
 
 
 @dataclass(frozen=True)
@@ -523,6 +531,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     if a.bc_coef > 0 and cfg.warm_start.sft_steps <= 0:
         problems.append("algo.bc_coef > 0 regularises toward the warm start's own examples (VLA-RFT reuses the "
                         "SFT data): it needs warm_start.sft_steps > 0")
+    best = cfg.checkpoint.best_metric
+    if best is not None and not best.startswith("eval/"):
+        problems.append(f"checkpoint.best_metric must be an evaluation metric (eval/...), got {best!r}")
     if a.kl_coef > 0 and cfg.trainer.ref_model == "none":
         problems.append("algo.kl_coef > 0 needs a reference: trainer.ref_model: copy (or adapter_disabled)")
     if a.kl_in_reward_coef > 0 and cfg.trainer.ref_model == "none":

@@ -9,6 +9,7 @@ how rows are drawn or add loss terms with data of their own are hooks (:mod:`mmr
 from __future__ import annotations
 
 import copy
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,7 @@ class Trainer:
         self.draw = compose_draw([hook for _, hook in self.rollout_hooks], self.sample)
         self.selector = prompt_selector(self.rollout_hooks)
         self.drawn, self.sampler_stats = 0, {}
+        self.best: dict[str, Any] | None = None  # checkpoint.best_metric: {"step", "metric", "value"} so far
         if resume:
             self.load_checkpoint()
         elif self.engine.is_main:
@@ -89,7 +91,9 @@ class Trainer:
         (the next stage of a multi-stage recipe)."""
         cfg = self.cfg
         if self.step == 0:
-            self.logger.log({"step": 0, "perf/threads": self.threads, **self.evaluate()})
+            metrics = self.evaluate()
+            self.keep_best(metrics)
+            self.logger.log({"step": 0, "perf/threads": self.threads, **metrics})
         while self.step < cfg.trainer.steps:
             self.step += 1
             start = time.perf_counter()
@@ -104,7 +108,9 @@ class Trainer:
             row |= {"perf/rollout_s": rollout_s, "perf/step_s": time.perf_counter() - start,
                     "perf/decisions_per_s": self.engine.sum(batch.rollout.mask.sum()) / max(rollout_s, 1e-9)}
             if self.step == cfg.trainer.steps or (cfg.eval.every and self.step % cfg.eval.every == 0):
-                row |= self.evaluate()
+                metrics = self.evaluate()
+                self.keep_best(metrics)
+                row |= metrics
             self.logger.log(row)
             self.guard.check(self.step, self.step * cfg.trainer.ppo_epochs * cfg.trainer.minibatches,
                              self.out / "metrics.jsonl")
@@ -282,8 +288,22 @@ class Trainer:
             metrics |= hook.eval_metrics()
         return metrics
 
+    def keep_best(self, metrics: dict[str, float]) -> None:
+        """``checkpoint.best_metric``: write ``checkpoints/best/`` when this evaluation beats every earlier one."""
+        name, mode = self.cfg.checkpoint.best_metric, self.cfg.checkpoint.best_mode
+        if name is None:
+            return
+        if name not in metrics:
+            raise ConfigError(f"checkpoint.best_metric: the evaluation logs no {name!r}; it logs "
+                              f"{', '.join(sorted(k for k in metrics if k.startswith('eval/')))} "
+                              f"(a split's metrics need the split in eval.split or eval.extra_splits)")
+        value = float(metrics[name])
+        if math.isfinite(value) and ckpt.is_better(value, self.best and self.best["value"], mode):
+            self.best = {"step": self.step, "metric": name, "value": value}
+            ckpt.save_best(self.engine, self.policy, self.out, self.cfg, self.best)
+
     def save_checkpoint(self) -> None:
-        state = {"step": self.step, "policy_version": self.policy.version,
+        state = {"step": self.step, "best": self.best, "policy_version": self.policy.version,
                  "skipped_updates": self.guard.skipped_updates,
                  "data_rng": self.data_rng.bit_generator.state, "config_fingerprint": ckpt.config_fingerprint(self.cfg),
                  "hooks": {name: hook.state_dict() for name, hook in self.rollout_hooks},
@@ -295,6 +315,9 @@ class Trainer:
         self.step, self.guard.skipped_updates = state["step"], state["skipped_updates"]
         self.policy.version = state["policy_version"]
         self.data_rng.bit_generator.state = state["data_rng"]
+        self.best = state.get("best")  # checkpoints from before best_metric existed hold none
+        if self.engine.is_main:
+            ckpt.drop_best_after(self.out, self.step)
         for name, hook in self.rollout_hooks:  # a hook added after the checkpoint was written: {}
             hook.load_state_dict(state["hooks"].get(name, {}))
         for name, hook in self.loss_hooks:  # checkpoints from before loss hooks kept state hold none

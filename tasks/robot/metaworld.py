@@ -7,6 +7,8 @@ Splits (``sample_batch(split, n, rng)``), as RL4VLA studies generalisation:
   sampler, seeded), as a demonstration data set is finite; BC and RL draw from it.
 - ``test``: seeds from ``TEST_SEED_OFFSET`` on, disjoint from every training seed: held-out
   initial and goal positions of the same tasks.
+- ``val``: seeds from ``VAL_SEED_OFFSET`` on, disjoint from both, training instructions: for choosing
+  a checkpoint (``checkpoint.best_metric: eval/val/success_rate``) without looking at ``test``.
 - ``ood_instruction``: test seeds with instruction paraphrases never trained on
   (``mmrl/MetaWorld-<Task>-OODInstruction-v0``).
 - ``ood_task`` (``robot/metaworld-ml10-v0`` only): ML10's five held-out tasks.
@@ -25,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from mmrl.envs.metaworld import metaworld_env_id, valid_task
-from mmrl.tasks.robot.tabletop import TEST_SEED_OFFSET, EpisodeExample, EpisodeTask
+from mmrl.tasks.robot.tabletop import TEST_SEED_OFFSET, EpisodeExample, EpisodeTask, split_seed_range
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,8 @@ class MetaWorldTask(EpisodeTask):
         if split == "train":
             seeds = rng.integers(0, self.cfg.train_seeds, size=n)
         else:
-            seeds = rng.integers(TEST_SEED_OFFSET, 2 * TEST_SEED_OFFSET, size=n)
+            low = split_seed_range(split)
+            seeds = rng.integers(low, low + TEST_SEED_OFFSET, size=n)
         return [EpisodeExample(self.split_env_ids[split], int(s)) for s in seeds]
 
 
@@ -66,8 +69,8 @@ def split_env_ids(task_or_suite: str) -> dict[str, str]:
     """Env id per split of a task (``reach``) or suite (``MT10``, ``ML10``)."""
     train = metaworld_env_id(task_or_suite)
     if task_or_suite == "ML10":
-        return {"train": train, "test": train, "ood_task": metaworld_env_id("ML10-OODTask")}
-    return {"train": train, "test": train, "ood_instruction": metaworld_env_id(task_or_suite, "OODInstruction")}
+        return {"train": train, "val": train, "test": train, "ood_task": metaworld_env_id("ML10-OODTask")}
+    return {"train": train, "val": train, "test": train, "ood_instruction": metaworld_env_id(task_or_suite, "OODInstruction")}
 
 
 def make_metaworld_task_factory(task_or_suite: str):

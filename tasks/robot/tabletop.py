@@ -1,7 +1,8 @@
 """Task adapters over the table-top envs: examples are (env id, seed); the reward is the episode.
 
-- ``sample_batch(split, n, rng)``: ``train`` and ``test`` use the training variation
-  (``mmrl/<Task>-v0``) with disjoint seed ranges; ``ood_color``, ``ood_position``,
+- ``sample_batch(split, n, rng)``: ``train``, ``val`` and ``test`` use the training variation
+  (``mmrl/<Task>-v0``) with disjoint seed ranges (``val``: for choosing a checkpoint, e.g.
+  ``checkpoint.best_metric: eval/val/success_rate``, so ``test`` stays unseen); ``ood_color``, ``ood_position``,
   ``ood_instruction``, ``ood_distractor`` use the held-out variations (``mmrl/<Task>-OOD<X>-v0``).
 - ``reward(example, summary)``: score = the episode return, i.e. Φ(s_T) − Φ(s_0) of the env's
   potential (success counts 1, progress terms at most 1 together), so the range is [−1, 2]; a
@@ -31,9 +32,15 @@ from mmrl.core.contracts import RewardResult
 from mmrl.envs.robot import env_id
 from mmrl.samplers.gym_runner import EpisodeSummary
 
-SPLITS = {"train": "", "test": "", "ood_color": "OODColor", "ood_position": "OODPosition",
+SPLITS = {"train": "", "val": "", "test": "", "ood_color": "OODColor", "ood_position": "OODPosition",
           "ood_instruction": "OODInstruction", "ood_distractor": "OODDistractor"}
 TEST_SEED_OFFSET = 1_000_000  # train seeds are < this, test / OOD seeds are >= it
+VAL_SEED_OFFSET = 2 * TEST_SEED_OFFSET  # validation seeds: [2e6, 3e6), disjoint from train, test and OOD
+
+
+def split_seed_range(split: str) -> int:
+    """The first seed of ``split``'s range (each range is ``TEST_SEED_OFFSET`` seeds long)."""
+    return {"train": 0, "val": VAL_SEED_OFFSET}.get(split, TEST_SEED_OFFSET)
 
 
 @dataclass(frozen=True)
@@ -210,7 +217,7 @@ class RobotTask(EpisodeTask):
     def sample_batch(self, split: str, n: int, rng: np.random.Generator) -> list[EpisodeExample]:
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r}; {self.id} has {', '.join(SPLITS)}")
-        low = 0 if split == "train" else TEST_SEED_OFFSET
+        low = split_seed_range(split)
         seeds = rng.integers(low, low + TEST_SEED_OFFSET, size=n)
         return [EpisodeExample(env_id(self.task, SPLITS[split]), int(s)) for s in seeds]
 

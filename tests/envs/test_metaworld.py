@@ -25,7 +25,7 @@ from mmrl.envs.metaworld import TASKS as WRAPPED_TASKS  # noqa: E402
 from mmrl.envs.metaworld.env import MatrixQuaternion, MetaWorldEnv  # noqa: E402
 from mmrl.samplers.gym_runner import EpisodeSummary  # noqa: E402
 from mmrl.tasks.robot import EpisodeExample, MetaWorldTaskConfig  # noqa: E402
-from mmrl.tasks.robot.tabletop import TEST_SEED_OFFSET  # noqa: E402
+from mmrl.tasks.robot.tabletop import TEST_SEED_OFFSET, VAL_SEED_OFFSET  # noqa: E402
 
 
 @pytest.mark.parametrize("env_id", ENV_IDS)
@@ -86,7 +86,10 @@ def test_splits_are_disjoint():
     train = task.sample_batch("train", 200, rng)
     test = task.sample_batch("test", 200, rng)
     ood = task.sample_batch("ood_instruction", 20, rng)
+    val = task.sample_batch("val", 200, rng)
     assert max(e.seed for e in train) < 50 and min(e.seed for e in test + ood) >= TEST_SEED_OFFSET
+    assert max(e.seed for e in test + ood) < VAL_SEED_OFFSET <= min(e.seed for e in val)  # val: neither train nor test
+    assert {e.env_id for e in val} == {train[0].env_id}  # training instructions
     env = gymnasium.make("mmrl/MetaWorld-Reach-v0").unwrapped
     layouts = {}
     for e in train[:10] + test[:10]:

@@ -12,7 +12,7 @@ from mmrl.core.config import load_config
 from mmrl.core.registry import make_task
 from mmrl.samplers.gym_runner import EpisodeSummary
 from mmrl.tasks.robot import EpisodeExample, episode_reward
-from mmrl.tasks.robot.tabletop import TEST_SEED_OFFSET
+from mmrl.tasks.robot.tabletop import TEST_SEED_OFFSET, VAL_SEED_OFFSET
 from mmrl.core.trainer import train
 
 TASKS = ["robot/reach-v0", "robot/push-v0", "robot/pick_place-v0"]
@@ -24,8 +24,11 @@ def test_splits_use_their_env_ids_and_disjoint_seeds(task_id):
     rng = np.random.default_rng(0)
     train_ex = task.sample_batch("train", 50, rng)
     test_ex = task.sample_batch("test", 50, rng)
+    val_ex = task.sample_batch("val", 50, rng)
     assert all(e.seed < TEST_SEED_OFFSET for e in train_ex) and all(e.seed >= TEST_SEED_OFFSET for e in test_ex)
-    assert {e.env_id for e in train_ex} == {e.env_id for e in test_ex} and train_ex[0].env_id.endswith("-v0")
+    assert max(e.seed for e in test_ex) < VAL_SEED_OFFSET <= min(e.seed for e in val_ex)
+    assert {e.env_id for e in train_ex} == {e.env_id for e in test_ex} == {e.env_id for e in val_ex}
+    assert train_ex[0].env_id.endswith("-v0")
     for split, suffix in (("ood_color", "OODColor"), ("ood_position", "OODPosition"),
                           ("ood_instruction", "OODInstruction"), ("ood_distractor", "OODDistractor")):
         assert task.sample_batch(split, 1, rng)[0].env_id.endswith(f"-{suffix}-v0")
