@@ -150,9 +150,16 @@ def test_a_later_best_is_dropped_on_resume_from_an_earlier_step(tmp_path):
     assert is_better(0.4, 0.5, "min") and not is_better(0.5, 0.5, "min")
 
 
-def test_best_metric_the_evaluation_does_not_log_fails_at_step_0(tmp_path):
+def test_best_metric_the_evaluation_does_not_log_fails_early(tmp_path, monkeypatch):
+    """A split the run does not evaluate fails before the warm start; any other unlogged metric at step 0,
+    naming the metrics logged."""
+    with pytest.raises(ConfigError, match=r"reads split 'train', which the run does not evaluate: add it to "
+                                          r"eval.extra_splits"):
+        Trainer(load_config("sanity/tiny_cpu", [*QUIET, *SHORT, "checkpoint.best_metric=eval/train/reward_mean"]),
+                tmp_path / "early")
+    assert not (tmp_path / "early" / "config.yaml").exists()  # stopped before the warm start and the config dump
     with pytest.raises(ConfigError, match="eval.extra_splits") as err:
-        run(tmp_path / "run", *SHORT, "checkpoint.best_metric=eval/val/reward_mean")
+        run(tmp_path / "run", *SHORT, "checkpoint.best_metric=eval/val/reward_mean")  # no split "val" here
     assert "eval/reward_mean" in str(err.value)
     with pytest.raises(ConfigError, match="checkpoint.best_metric must be an evaluation metric"):
         load_config("sanity/tiny_cpu", ["checkpoint.best_metric=reward/mean"])

@@ -57,6 +57,7 @@ class Trainer:
                               f"processes × trainer.minibatches ({world} × {t.minibatches})")
         self.task = make_task(cfg.task.name, cfg.task.args)
         check_rollout_split(self.task, cfg)
+        check_best_metric_split(self.task, cfg)
         policy = build_initial_policy(cfg, self.engine.device, self.engine.is_main, self.engine.wait)
         self.ref = copy.deepcopy(policy).eval().requires_grad_(False) if t.ref_model == "copy" else None
         if t.ref_model == "adapter_disabled":
@@ -335,6 +336,21 @@ def check_rollout_split(task: Any, cfg: TrainConfig) -> None:
     except (ValueError, KeyError) as error:
         raise ConfigError(f"rollout.split: {cfg.task.name} cannot draw training examples from split {split!r} "
                           f"({error})") from error
+
+
+def check_best_metric_split(task: Any, cfg: TrainConfig) -> None:
+    """A ``checkpoint.best_metric`` of a task split the run does not evaluate (``eval/val/success_rate`` without
+    ``val`` in ``eval.extra_splits``) fails now, before the warm start, not at the first evaluation."""
+    name = cfg.checkpoint.best_metric
+    parts = name.split("/") if name else []
+    if len(parts) < 3 or parts[1] in (cfg.eval.split, *cfg.eval.extra_splits):
+        return
+    try:
+        task.sample_batch(parts[1], 1, np.random.default_rng(0))
+    except (ValueError, KeyError):
+        return  # not a split: a metric of the main split with a "/" in its name (eval/success_rate/<task>)
+    raise ConfigError(f"checkpoint.best_metric {name!r} reads split {parts[1]!r}, which the run does not evaluate: "
+                      f"add it to eval.extra_splits (now {list(cfg.eval.extra_splits)})")
 
 
 def train(cfg: TrainConfig, out: str | Path, resume: bool = False, overwrite: bool = False) -> Path:

@@ -220,7 +220,7 @@ def test_bad_input_errors_clearly(policy):
 
 RUN = ["log.tensorboard=false", "task.args.image_size=56", "policy.args.image_size=56", "policy.args.max_decisions=5",
        "warm_start.sft_steps=2", "trainer.steps=2", "trainer.minibatches=1", "eval.num_examples=2",
-       "eval.extra_splits=[]", "checkpoint.every=0", "policy.args.backbone.min_pixels=3136",
+       "eval.extra_splits=[]", "checkpoint.every=0", "checkpoint.best_metric=null", "policy.args.backbone.min_pixels=3136",
        "policy.args.backbone.max_pixels=3136"]
 
 
