@@ -12,6 +12,7 @@ next, which is why docs/metaworld.md quotes paired evaluations on 128–256 layo
 from __future__ import annotations
 
 import argparse
+import json
 import math
 from pathlib import Path
 
@@ -24,7 +25,11 @@ from mmrl.core.logging import read_metrics  # noqa: E402
 
 SPLITS = {"eval/success_rate": "test (held-out layouts)",
           "eval/ood_instruction/success_rate": "ood_instruction (unseen paraphrases)",
-          "eval/ood_task/success_rate": "ood_task (held-out tasks)"}
+          "eval/ood_task/success_rate": "ood_task (held-out tasks)",
+          "eval/val/success_rate": "val (picks checkpoints/best)"}
+
+
+COLORS = dict(zip(SPLITS, ("C0", "C1", "C2", "C3")))
 
 
 def parse_run(spec: str) -> tuple[Path, str]:
@@ -50,7 +55,11 @@ def main() -> None:
         for key, name in SPLITS.items():
             points = [(row["step"], row[key]) for row in evals if key in row]
             if points:
-                ax.plot(*zip(*points), "o-", label=name)
+                ax.plot(*zip(*points), "o-", label=name, color=COLORS[key])
+        best = path / "checkpoints" / "best" / "best.json"
+        if best.is_file():  # the checkpoint a run hands over (checkpoint.best_metric)
+            record = json.loads(best.read_text())
+            ax.axvline(record["step"], color="0.4", ls=":", lw=1.2, label="checkpoints/best")
         ax.set_title(label, fontsize=10)
         ax.set_ylim(-0.03, 1.03)
         ax.set_xlabel("RL step (0 = BC warm start)")
@@ -58,7 +67,11 @@ def main() -> None:
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(runs):]:
         ax.axis("off")
-    axes.flat[0].legend(fontsize=7, loc="lower right")
+    entries = {}  # every line kind any panel drew, once (the first panel may lack some)
+    for ax in axes.flat:
+        for handle, name in zip(*ax.get_legend_handles_labels()):
+            entries.setdefault(name, handle)
+    axes.flat[0].legend(entries.values(), entries.keys(), fontsize=7, loc="lower right")
     fig.tight_layout()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
