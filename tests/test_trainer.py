@@ -136,6 +136,11 @@ def test_best_checkpoint_survives_resume(tmp_path):
     cfg = load_config("sanity/tiny_cpu", [*QUIET, *BEST, "checkpoint.best_metric=eval/reward_mean"])
     Trainer(cfg, parted, resume=True).train()
     assert best_record(parted) == best_record(straight)
+    switched = tmp_path / "switched"  # a resume may change the metric: the best starts anew from the next evaluation
+    run(switched, *BEST, "trainer.steps=2", "checkpoint.best_metric=eval/reward_mean")
+    Trainer(load_config("sanity/tiny_cpu", [*QUIET, *BEST, "checkpoint.best_metric=eval/exact_match",
+                                            "checkpoint.best_mode=min"]), switched, resume=True).train()
+    assert best_record(switched)["metric"] == "eval/exact_match" and best_record(switched)["step"] == 3
 
 
 def test_a_later_best_is_dropped_on_resume_from_an_earlier_step(tmp_path):

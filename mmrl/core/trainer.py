@@ -299,7 +299,7 @@ class Trainer:
                               f"{', '.join(sorted(k for k in metrics if k.startswith('eval/')))} "
                               f"(a split's metrics need the split in eval.split or eval.extra_splits)")
         value = float(metrics[name])
-        if math.isfinite(value) and ckpt.is_better(value, self.best and self.best["value"], mode):
+        if math.isfinite(value) and ckpt.is_better(value, None if self.best is None else self.best["value"], mode):
             self.best = {"step": self.step, "metric": name, "value": value}
             ckpt.save_best(self.engine, self.policy, self.out, self.cfg, self.best)
 
@@ -316,7 +316,8 @@ class Trainer:
         self.step, self.guard.skipped_updates = state["step"], state["skipped_updates"]
         self.policy.version = state["policy_version"]
         self.data_rng.bit_generator.state = state["data_rng"]
-        self.best = state.get("best")  # checkpoints from before best_metric existed hold none
+        best = state.get("best")  # checkpoints from before best_metric existed hold none
+        self.best = best if best and best["metric"] == self.cfg.checkpoint.best_metric else None  # metric changed: anew
         if self.engine.is_main:
             ckpt.drop_best_after(self.out, self.step)
         for name, hook in self.rollout_hooks:  # a hook added after the checkpoint was written: {}
