@@ -155,7 +155,7 @@ def test_a_later_best_is_dropped_on_resume_from_an_earlier_step(tmp_path):
     assert is_better(0.4, 0.5, "min") and not is_better(0.5, 0.5, "min")
 
 
-def test_best_metric_the_evaluation_does_not_log_fails_early(tmp_path, monkeypatch):
+def test_best_metric_the_evaluation_does_not_log_fails_early(tmp_path):
     """A split the run does not evaluate fails before the warm start; any other unlogged metric at step 0,
     naming the metrics logged."""
     with pytest.raises(ConfigError, match=r"reads split 'train', which the run does not evaluate: add it to "

@@ -332,11 +332,19 @@ def check_rollout_split(task: Any, cfg: TrainConfig) -> None:
     split = cfg.rollout.split
     if split == "train":
         return
+    error = split_error(task, split)
+    if error is not None:
+        raise ConfigError(f"rollout.split: {cfg.task.name} cannot draw training examples from split {split!r} "
+                          f"({error})") from error
+
+
+def split_error(task: Any, split: str) -> Exception | None:
+    """Why ``task`` cannot draw examples from ``split`` (one draw), or None when it can."""
     try:
         task.sample_batch(split, 1, np.random.default_rng(0))
     except (ValueError, KeyError) as error:
-        raise ConfigError(f"rollout.split: {cfg.task.name} cannot draw training examples from split {split!r} "
-                          f"({error})") from error
+        return error
+    return None
 
 
 def check_best_metric_split(task: Any, cfg: TrainConfig) -> None:
@@ -346,9 +354,7 @@ def check_best_metric_split(task: Any, cfg: TrainConfig) -> None:
     parts = name.split("/") if name else []
     if len(parts) < 3 or parts[1] in (cfg.eval.split, *cfg.eval.extra_splits):
         return
-    try:
-        task.sample_batch(parts[1], 1, np.random.default_rng(0))
-    except (ValueError, KeyError):
+    if split_error(task, parts[1]) is not None:
         return  # not a split: a metric of the main split with a "/" in its name (eval/success_rate/<task>)
     raise ConfigError(f"checkpoint.best_metric {name!r} reads split {parts[1]!r}, which the run does not evaluate: "
                       f"add it to eval.extra_splits (now {list(cfg.eval.extra_splits)})")

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from mmrl.envs.metaworld import metaworld_env_id, valid_task
-from mmrl.tasks.robot.tabletop import TEST_SEED_OFFSET, EpisodeExample, EpisodeTask, split_seed_range
+from mmrl.tasks.robot.tabletop import TEST_SEED_OFFSET, EpisodeExample, EpisodeTask, split_seed_start
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ class MetaWorldTask(EpisodeTask):
         if split == "train":
             seeds = rng.integers(0, self.cfg.train_seeds, size=n)
         else:
-            low = split_seed_range(split)
+            low = split_seed_start(split)
             seeds = rng.integers(low, low + TEST_SEED_OFFSET, size=n)
         return [EpisodeExample(self.split_env_ids[split], int(s)) for s in seeds]
 

@@ -38,8 +38,8 @@ TEST_SEED_OFFSET = 1_000_000  # train seeds are < this, test / OOD seeds are >= 
 VAL_SEED_OFFSET = 2 * TEST_SEED_OFFSET  # validation seeds: [2e6, 3e6), disjoint from train, test and OOD
 
 
-def split_seed_range(split: str) -> int:
-    """The first seed of ``split``'s range (each range is ``TEST_SEED_OFFSET`` seeds long)."""
+def split_seed_start(split: str) -> int:
+    """The first seed of ``split`` (each split draws from ``TEST_SEED_OFFSET`` seeds on from there)."""
     return {"train": 0, "val": VAL_SEED_OFFSET}.get(split, TEST_SEED_OFFSET)
 
 
@@ -217,7 +217,7 @@ class RobotTask(EpisodeTask):
     def sample_batch(self, split: str, n: int, rng: np.random.Generator) -> list[EpisodeExample]:
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r}; {self.id} has {', '.join(SPLITS)}")
-        low = split_seed_range(split)
+        low = split_seed_start(split)
         seeds = rng.integers(low, low + TEST_SEED_OFFSET, size=n)
         return [EpisodeExample(env_id(self.task, SPLITS[split]), int(s)) for s in seeds]
 
